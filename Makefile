@@ -1,0 +1,35 @@
+# exaplan: `make demo` runs the main job, `make test` runs the tests. Both build .venv first.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# CPU build of torch that lies on this kind of machine; never an unpinned torch.
+TORCH   ?= torch==2.13.0
+
+.PHONY: venv demo test test-all bench plans clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,plot]'
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/python -m planner.demo
+
+test: venv
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: venv
+	$(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/python -m planner.bench
+
+plans: venv
+	$(BIN)/python -m planner.examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

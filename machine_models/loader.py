@@ -1,0 +1,265 @@
+"""Load a machine model: a preset shipped here, a user's YAML file, or the local machine.
+
+Presets are the `*.yaml` files next to this module (except `device_kinds.yaml`). Figures that
+belong to a device kind rather than to one machine (matmul efficiency, attention efficiency,
+overlap) live once per kind in `device_kinds.yaml`, keyed by `device_name`; a machine file
+inherits them unless it sets them itself. `local` is the machine running the command: read
+from `local.yaml` once a calibration has written it, detected otherwise.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from planner.errors import PlanError
+from planner.plan import format_validation_error
+from planner.specs import MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
+
+PRESET_DIR = Path(__file__).resolve().parent
+DEVICE_KINDS_FILE = PRESET_DIR / "device_kinds.yaml"
+LOCAL = "local"
+LOCAL_FILE = PRESET_DIR / f"{LOCAL}.yaml"
+DEFAULT_LOCAL_RANKS = 2
+
+# --- Defaults for the local CPU machine (cpu-field-notes.md: 2-core AMD EPYC, AVX2, gloo) ---
+CPU_MATMUL_GFLOPS_PER_CORE = 65.0  # measured fp32 matmul 2048^3 on one thread
+CPU_MATMUL_DIM = 2048  # the size that figure was measured at
+CPU_MATMUL_EFFICIENCY = MatmulEfficiency(peak_fraction=0.8, half_dim=128.0)
+CPU_LOW_PRECISION_SLOWDOWN = 200.0  # bf16/fp16 matmul: ~0.3 GFLOP/s, 200x slower than fp32
+CPU_MEMORY_BANDWIDTH_GBPS = 20.0  # 16-25 GB/s copy, shared by all ranks
+GLOO_BANDWIDTH_GBPS = 0.8  # allreduce fit from 1 MiB up: 1.1-1.3 ns/byte (2 ranks)
+GLOO_ALLREDUCE_LATENCY_US = 2500.0  # allreduce fit intercept (2 ranks); a lone tiny collective ~500 us
+CPU_MEMORY_RESERVE_GIB = 0.3  # interpreter, torch, gloo buffers
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def list_machines() -> list[str]:
+    """Names `load_machine` accepts: the shipped presets and `local`."""
+    names = {p.stem for p in PRESET_DIR.glob("*.yaml") if p != DEVICE_KINDS_FILE}
+    names.add(LOCAL)
+    return sorted(names)
+
+
+def load_machine(name_or_path: str | Path, *, ranks: int | None = None) -> MachineModel:
+    """A machine by preset name (`frontier`, `local`, ...) or by path to a YAML file.
+
+    `ranks` is used only for `local`: CPU ranks on this machine (default 2).
+    Every problem raises PlanError naming the file and the field.
+    """
+    text = str(name_or_path)
+    if text == LOCAL:
+        if LOCAL_FILE.exists():
+            machine = load_machine_file(LOCAL_FILE)
+            return machine if ranks is None else _with_ranks(machine, ranks)
+        return detect_local_machine(DEFAULT_LOCAL_RANKS if ranks is None else ranks)
+    preset = PRESET_DIR / f"{text}.yaml"
+    if not _looks_like_path(text) and preset.exists() and preset != DEVICE_KINDS_FILE:
+        return load_machine_file(preset)
+    if _looks_like_path(text) or Path(text).exists():
+        return load_machine_file(Path(text))
+    raise PlanError(
+        f"unknown machine {text!r}; presets: {', '.join(list_machines())} (or a path to a YAML file)",
+        field="machine",
+    )
+
+
+def load_machine_file(path: str | Path) -> MachineModel:
+    """Read, complete from the device kind, and validate one machine YAML file."""
+    path = Path(path)
+    data = _read_yaml_mapping(path, what="machine file")
+    data.setdefault("name", path.stem)
+    _check_top_level_keys(data, path)
+    data = _with_device_kind_defaults(data)
+    try:
+        return MachineModel.model_validate(data)
+    except ValidationError as e:
+        raise PlanError(format_validation_error(e), field=str(path)) from None
+
+
+def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
+    """The machine running this command, as `ranks` CPU ranks on one node.
+
+    Cores and memory are detected and split evenly between ranks; speeds are the uncalibrated
+    defaults from cpu-field-notes.md (a calibration run replaces them by writing local.yaml).
+    """
+    if ranks < 1:
+        raise PlanError(f"must be at least 1, got {ranks}", field="ranks")
+    cores = _cpu_cores()
+    memory_gib = _memory_gib()
+    cores_per_rank = cores / ranks
+    oversubscription = max(1.0, ranks / cores)  # ranks sharing a core also share its comm work
+
+    # Peak chosen so that peak x efficiency(2048) = the measured 65 GFLOP/s per core.
+    peak_gflops_per_core = CPU_MATMUL_GFLOPS_PER_CORE / _efficiency(CPU_MATMUL_EFFICIENCY, CPU_MATMUL_DIM)
+    fp32_tflops = peak_gflops_per_core * cores_per_rank / 1e3
+    low_tflops = fp32_tflops / CPU_LOW_PRECISION_SLOWDOWN
+
+    # Ring allreduce over 2 ranks is 2 steps, so a per-step latency of half the fitted
+    # intercept reproduces it. The 4-rank-on-2-core run measured ~4 ms: oversubscription^0.7.
+    step_latency_us = GLOO_ALLREDUCE_LATENCY_US / 2 * oversubscription**0.7
+    bandwidth_gbps = GLOO_BANDWIDTH_GBPS / oversubscription
+    return MachineModel(
+        name=LOCAL,
+        description=(
+            f"This machine, detected: {cores} cores, {memory_gib:.1f} GiB, split into {ranks} CPU ranks "
+            f"({_cpu_model()}). Uncalibrated defaults from cpu-field-notes.md: fp32 matmul 65 GFLOP/s "
+            "per core at 2048^3, bf16/fp16 ~200x slower, ~20 GB/s memory bandwidth shared, gloo on "
+            "loopback ~0.8 GB/s with a 2.5 ms allreduce intercept. Run a calibration to replace them."
+        ),
+        device_name=f"CPU rank ({_cpu_model()})",
+        devices_per_node=ranks,
+        device_memory_gib=round(memory_gib / ranks, 3),
+        peak_tflops={Precision.fp32: fp32_tflops, Precision.bf16: low_tflops, Precision.fp16: low_tflops},
+        matmul_efficiency=CPU_MATMUL_EFFICIENCY,
+        attention_efficiency_factor=0.5,  # SDPA math path: bmm + softmax + bmm, all unfused
+        memory_bandwidth_gbps=CPU_MEMORY_BANDWIDTH_GBPS / ranks,
+        flash_attention=False,
+        intra_node_bandwidth_gbps=bandwidth_gbps,
+        intra_node_latency_us=step_latency_us,
+        nics_per_node=1,
+        nic_gbps=bandwidth_gbps * 8,  # single node: never used, kept equal to loopback
+        inter_node_latency_us=step_latency_us,
+        topology=TopologyKind.single_node,
+        nodes_per_group=1,
+        network_efficiency=1.0,  # the gloo figures above are already achieved, not link peaks
+        collective_library="gloo",
+        algorithms=["ring"],
+        nodes=1,
+        overlap=Overlap(dp=0.3, tp=0.0, pp=0.3, cp=0.3),  # gloo's thread competes for the cores
+        memory_reserve_gib=CPU_MEMORY_RESERVE_GIB,
+        calibrated=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _looks_like_path(text: str) -> bool:
+    return os.sep in text or "/" in text or text.endswith((".yaml", ".yml"))
+
+
+def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """Parse a YAML file that must hold a mapping; errors name the file (and line)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PlanError(f"cannot read {what}: {e.strerror}", field=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise PlanError(f"malformed YAML{where}: {problem}", field=str(path)) from None
+    if not isinstance(data, dict):
+        raise PlanError(f"not a {what} (expected a mapping of fields at the top level)", field=str(path))
+    return data
+
+
+def _check_top_level_keys(data: dict[str, Any], path: Path) -> None:
+    """Unknown fields, with a suggestion for a likely misspelling."""
+    known = list(MachineModel.model_fields)
+    problems = []
+    for key in data:
+        if key not in MachineModel.model_fields:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"{key}: unknown field{hint}")
+    if problems:
+        raise PlanError("; ".join(problems), field=str(path))
+
+
+def _device_kinds() -> dict[str, dict[str, Any]]:
+    kinds = _read_yaml_mapping(DEVICE_KINDS_FILE, what="device kinds file")
+    for kind, figures in kinds.items():
+        if not isinstance(figures, dict):
+            raise PlanError(f"{kind}: expected a mapping of fields", field=str(DEVICE_KINDS_FILE))
+        _check_top_level_keys(figures, DEVICE_KINDS_FILE)
+    return kinds
+
+
+def _with_device_kind_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """Fill fields the machine file leaves out from its device kind (nested blocks merged)."""
+    figures = _device_kinds().get(data.get("device_name"), {})
+    out = dict(data)
+    for key, value in figures.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = {**value, **out[key]}
+    return out
+
+
+def _with_ranks(machine: MachineModel, ranks: int) -> MachineModel:
+    """A calibrated local machine re-split into `ranks` ranks: node-shared figures divided."""
+    if ranks < 1:
+        raise PlanError(f"must be at least 1, got {ranks}", field="ranks")
+    old = machine.devices_per_node
+    if ranks == old:
+        return machine
+    scale = old / ranks
+    return machine.model_copy(
+        update=dict(
+            devices_per_node=ranks,
+            device_memory_gib=machine.device_memory_gib * scale,
+            peak_tflops={p: tf * scale for p, tf in machine.peak_tflops.items()},
+            memory_bandwidth_gbps=machine.memory_bandwidth_gbps * scale,
+            description=machine.description + f" Re-split from {old} to {ranks} ranks (compute and memory divided).",
+        )
+    )
+
+
+def _efficiency(eff: MatmulEfficiency, dim: float) -> float:
+    """The saturating GEMM efficiency curve of MatmulEfficiency at size `dim`."""
+    return eff.peak_fraction * dim / (dim + eff.half_dim)
+
+
+def _cpu_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _memory_gib() -> float:
+    """Physical memory, capped by a cgroup (container) limit when there is one."""
+    total_bytes = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total_bytes = int(line.split()[1]) * 1024
+                break
+    except OSError:
+        pass
+    if total_bytes is None:
+        total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            total_bytes = min(total_bytes, int(limit))
+    except OSError:
+        pass
+    return total_bytes / 2**30
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"

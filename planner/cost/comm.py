@@ -1,0 +1,140 @@
+"""Latency-bandwidth (alpha-beta) costs of collectives, vectorised over layouts.
+
+Notation: n ranks, a message of M bytes (the full buffer: what each rank holds before an
+allreduce, after an all-gather), alpha the per-message latency (s), beta the per-rank link
+bandwidth (bytes/s). Sources: Thakur, Rabenseifner & Gropp, "Optimization of Collective
+Communication Operations in MPICH" (IJHPCA 2005) for ring, recursive halving/doubling and
+Rabenseifner's algorithm, including the extra exchange for a non-power-of-two n; Sanders,
+Speck & Traeff (2009) and NCCL's double binary trees for the tree; hierarchical = reduce-
+scatter inside the node, allreduce across nodes on 1/k of the data, all-gather inside.
+
+Placement: ranks are numbered row-major over the mesh (tp fastest), nodes are filled in
+order. A communicator of `size` ranks whose members are `stride` ranks apart has
+k = min(size, devices_per_node // stride) members in each node it touches (1 if stride >=
+devices_per_node) and spans size / k nodes; the devices_per_node / k communicators of that
+axis living on one node share its NICs while they run at the same time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost.topology import LinkTiers
+from planner.specs import Algorithm
+
+ALGORITHMS = tuple(Algorithm)
+AL_RING, AL_TREE, AL_RABENSEIFNER, AL_HIERARCHICAL = range(len(ALGORITHMS))
+
+
+@dataclass
+class Placement:
+    """Where the ranks of one communicator sit; arrays over layouts."""
+
+    size: np.ndarray  # ranks in the communicator
+    local: np.ndarray  # members per node (k)
+    nodes: np.ndarray  # nodes spanned
+    alpha_s: np.ndarray  # latency of one message between neighbours
+    beta_Bps: np.ndarray  # per-rank bandwidth of a flat algorithm
+    intra_alpha_s: float
+    intra_beta_Bps: float
+    inter_beta_Bps: np.ndarray  # per-rank share of the NICs when every device talks at once
+
+
+def place(size, stride, tiers: LinkTiers) -> Placement:
+    """Figures of a communicator of `size` ranks, `stride` ranks apart (arrays)."""
+    size = np.asarray(size, dtype=np.int64)
+    stride = np.asarray(stride, dtype=np.int64)
+    dpn = tiers.devices_per_node
+    local = np.where(stride >= dpn, 1, np.minimum(size, np.maximum(dpn // np.maximum(stride, 1), 1)))
+    nodes = np.maximum(size // np.maximum(local, 1), 1)
+    multi = nodes > 1
+    sharing = dpn / local  # communicators of this axis on one node, all active together
+    taper = np.where(nodes > tiers.nodes_per_group, tiers.global_taper, 1.0)
+    nic_share = tiers.node_injection_Bps * taper / sharing
+    beta = np.where(multi, np.minimum(tiers.intra_bandwidth_Bps, nic_share), tiers.intra_bandwidth_Bps)
+    alpha = np.where(multi, tiers.inter_latency_s, tiers.intra_latency_s)
+    inter_beta = np.minimum(tiers.intra_bandwidth_Bps, tiers.node_injection_Bps * taper / dpn)
+    return Placement(size, local, nodes, alpha, beta, tiers.intra_latency_s, tiers.intra_bandwidth_Bps, inter_beta)
+
+
+def _log2(n) -> np.ndarray:
+    return np.ceil(np.log2(np.maximum(np.asarray(n, dtype=np.float64), 1.0)))
+
+
+def _non_pow2(n) -> np.ndarray:
+    n = np.asarray(n, dtype=np.int64)
+    return (n & (n - 1)) != 0
+
+
+# --- flat algorithms ----------------------------------------------------------------------
+
+
+def ring_allreduce(n, M, alpha, beta) -> np.ndarray:
+    """2(n-1) steps of M/n bytes: 2(n-1) alpha + 2 (n-1)/n M / beta."""
+    n = np.asarray(n, dtype=np.float64)
+    return np.where(n > 1, 2 * (n - 1) * alpha + 2 * (n - 1) / n * M / beta, 0.0)
+
+
+def ring_reduce_scatter(n, M, alpha, beta) -> np.ndarray:
+    """(n-1) alpha + (n-1)/n M / beta; the all-gather costs the same."""
+    n = np.asarray(n, dtype=np.float64)
+    return np.where(n > 1, (n - 1) * alpha + (n - 1) / n * M / beta, 0.0)
+
+
+ring_all_gather = ring_reduce_scatter
+
+
+def tree_allreduce(n, M, alpha, beta) -> np.ndarray:
+    """Double binary tree, pipelined: 2 log2(n) alpha + 2 M / beta (each tree carries M/2
+    up and down, and every rank is an inner node of at most one tree)."""
+    n = np.asarray(n, dtype=np.float64)
+    return np.where(n > 1, 2 * _log2(n) * alpha + 2 * M / beta, 0.0)
+
+
+def rabenseifner_allreduce(n, M, alpha, beta) -> np.ndarray:
+    """Reduce-scatter by recursive halving + all-gather by recursive doubling:
+    2 log2(n) alpha + 2 (n-1)/n M / beta. A non-power-of-two n first folds the extra ranks
+    into a power of two and unfolds them at the end: 2 (alpha + M / beta) more."""
+    n = np.asarray(n, dtype=np.float64)
+    base = 2 * np.floor(np.log2(np.maximum(n, 1))) * alpha + 2 * (n - 1) / n * M / beta
+    extra = np.where(_non_pow2(n.astype(np.int64)), 2 * (alpha + M / beta), 0.0)
+    return np.where(n > 1, base + extra, 0.0)
+
+
+def point_to_point(M, alpha, beta) -> np.ndarray:
+    return alpha + M / beta
+
+
+# --- placement-aware collectives ------------------------------------------------------------
+
+
+def allreduce(algorithm: int, pl: Placement, M) -> np.ndarray:
+    """Time of one allreduce of M bytes on the communicator `pl` with the given algorithm."""
+    M = np.asarray(M, dtype=np.float64)
+    if algorithm == AL_RING:
+        return ring_allreduce(pl.size, M, pl.alpha_s, pl.beta_Bps)
+    if algorithm == AL_TREE:
+        return tree_allreduce(pl.size, M, pl.alpha_s, pl.beta_Bps)
+    if algorithm == AL_RABENSEIFNER:
+        return rabenseifner_allreduce(pl.size, M, pl.alpha_s, pl.beta_Bps)
+    if algorithm == AL_HIERARCHICAL:
+        inside_rs = ring_reduce_scatter(pl.local, M, pl.intra_alpha_s, pl.intra_beta_Bps)
+        across = rabenseifner_allreduce(pl.nodes, M / pl.local, pl.alpha_s, pl.inter_beta_Bps)
+        return np.where(pl.nodes > 1, 2 * inside_rs + across, ring_allreduce(pl.size, M, pl.alpha_s, pl.beta_Bps))
+    raise ValueError(f"unknown algorithm code {algorithm}")
+
+
+def reduce_scatter(algorithm: int, pl: Placement, M) -> np.ndarray:
+    """Reduce-scatter (or all-gather: same cost) of an M-byte buffer. Libraries implement
+    these as rings, or hierarchically (inside the node, then across nodes)."""
+    M = np.asarray(M, dtype=np.float64)
+    if algorithm == AL_HIERARCHICAL:
+        inside = ring_reduce_scatter(pl.local, M, pl.intra_alpha_s, pl.intra_beta_Bps)
+        across = ring_reduce_scatter(pl.nodes, M / pl.local, pl.alpha_s, pl.inter_beta_Bps)
+        return np.where(pl.nodes > 1, inside + across, ring_reduce_scatter(pl.size, M, pl.alpha_s, pl.beta_Bps))
+    return ring_reduce_scatter(pl.size, M, pl.alpha_s, pl.beta_Bps)
+
+
+all_gather = reduce_scatter

@@ -1,0 +1,100 @@
+"""Compute time of one micro-batch through one transformer block, and through the head.
+
+Each GEMM is timed as FLOPs / (peak * efficiency(d)), with d = (M N K)^(1/3) its size on one
+rank, so high tensor parallelism or a small micro-batch lands on the slow part of the
+machine's efficiency curve (planner.specs.MatmulEfficiency). Elementwise work (norms,
+RoPE, activation, residual adds, unfused softmax) is memory-bound: bytes / memory bandwidth
+(the roofline's other side; Williams et al. 2009). Backward = 2 x forward for both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.cost.layout import RC_FULL, RC_SELECTIVE, Layouts
+from planner.specs import MachineModel, ModelSpec, TrainingJob, bytes_per_element
+
+
+def matmul_efficiency(machine: MachineModel, dim) -> np.ndarray:
+    """Achievable fraction of peak for a GEMM of geometric-mean size `dim`."""
+    e = machine.matmul_efficiency
+    dim = np.asarray(dim, dtype=np.float64)
+    return e.peak_fraction * dim / (dim + e.half_dim)
+
+
+def gemm_time(machine: MachineModel, job: TrainingJob, M, N, K) -> np.ndarray:
+    """Seconds for one forward GEMM of (M x K) @ (K x N) on one device."""
+    flops = 2.0 * M * N * K
+    dim = np.cbrt(np.asarray(M * N * K, dtype=np.float64))
+    return flops / (machine.peak_flops(job.precision) * matmul_efficiency(machine, dim))
+
+
+def tokens_per_microbatch(job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Tokens one rank's GEMMs see per micro-batch: mbs x seq / cp."""
+    return lay.mbs * job.seq_len / lay.cp
+
+
+def attention_core_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Forward attention core (scores and context) for one micro-batch on one rank. Fused
+    (flash) kernels skip the masked half of a causal score matrix."""
+    local_s = job.seq_len / lay.cp
+    heads = model.heads / lay.tp
+    per_head = gemm_time(machine, job, local_s, job.seq_len, model.head_dim)  # Q K^T
+    causal = 0.5 if machine.flash_attention else 1.0
+    return 2.0 * per_head * heads * lay.mbs * causal / machine.attention_efficiency_factor
+
+
+def dense_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Forward QKV, output projection and MLP GEMMs of one block for one micro-batch."""
+    T = tokens_per_microbatch(job, lay)
+    h, f, t = model.hidden, model.ffn_hidden, lay.tp
+    kv = model.kv_heads * model.head_dim
+    up_cols = 2 * f if model.activation == "swiglu" else f
+    return (
+        gemm_time(machine, job, T, (h + 2 * kv) / t, h)
+        + gemm_time(machine, job, T, h, h / t)
+        + gemm_time(machine, job, T, up_cols / t, h)
+        + gemm_time(machine, job, T, h, f / t)
+    )
+
+
+def elementwise_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Bytes one block's memory-bound ops move in forward for one micro-batch on one rank.
+
+    Two norms and two residual adds on the (sequence-parallel-split) residual stream
+    (read+write: 2 + 3 accesses each), RoPE on Q and K, the MLP activation (reads gate and
+    up, writes their product), and without a fused attention kernel the softmax over the
+    s x s scores (write scores, read, write probabilities, read for P V).
+    """
+    T = tokens_per_microbatch(job, lay)
+    B = bytes_per_element(job.precision)
+    h, f, t = model.hidden, model.ffn_hidden, lay.tp
+    kv = model.kv_heads * model.head_dim
+    stream = np.where(lay.sp == 1, T / t, T) * h
+    total = 2 * 2 * stream + 2 * 3 * stream
+    total = total + 2 * T * (h + kv) / t
+    total = total + (3 if model.activation == "swiglu" else 2) * T * f / t
+    if not machine.flash_attention:
+        scores = lay.mbs * (model.heads / t) * (job.seq_len / lay.cp) * job.seq_len
+        total = total + 4 * scores
+    return total * B
+
+
+def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray]:
+    """(forward_s, forward+backward+recompute_s) of one block for one micro-batch."""
+    bw = machine.memory_bandwidth_gbps * 1e9
+    attn = attention_core_time(model, machine, job, lay)
+    dense = dense_time(model, machine, job, lay)
+    elem = elementwise_bytes(model, machine, job, lay) / bw
+    forward = attn + dense + elem
+    recompute = np.where(lay.recompute == RC_FULL, forward, np.where(lay.recompute == RC_SELECTIVE, attn, 0.0))
+    return forward, 3.0 * forward + recompute
+
+
+def head_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Forward + backward of the output projection and the fp32 cross-entropy (vocab-parallel
+    over tp) for one micro-batch."""
+    T = tokens_per_microbatch(job, lay)
+    gemm = gemm_time(machine, job, T, model.vocab_size / lay.tp, model.hidden)
+    softmax_bytes = 4 * 4 * T * model.vocab_size / lay.tp  # fp32 logits: write, read, write, read
+    return 3.0 * gemm + 2.0 * softmax_bytes / (machine.memory_bandwidth_gbps * 1e9)

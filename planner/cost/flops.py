@@ -1,0 +1,111 @@
+"""Parameter and FLOP counts of a dense decoder-only transformer.
+
+Conventions (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+Clusters", appendix; Megatron-LM's FLOP formula): a multiply-add is 2 FLOPs; the attention
+core counts the full s x s score matrix (no causal halving); backward costs twice forward;
+"model FLOPs" count forward + backward once, "hardware FLOPs" add what recompute repeats
+(Chowdhery et al. 2022, MFU vs HFU). Per token unless the name says otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.specs import ModelSpec
+
+
+def attention_params(m: ModelSpec) -> int:
+    """Q and output projections h x h each; K and V h x (kv_heads * head_dim) each (GQA)."""
+    kv = m.kv_heads * m.head_dim
+    return 2 * m.hidden * m.hidden + 2 * m.hidden * kv
+
+
+def mlp_params(m: ModelSpec) -> int:
+    """SwiGLU: gate, up (h x f) and down (f x h); GELU: up and down."""
+    mats = 3 if m.activation == "swiglu" else 2
+    return mats * m.hidden * m.ffn_hidden
+
+
+def norm_params(m: ModelSpec) -> int:
+    """Two norms per block: RMSNorm has a scale, LayerNorm a scale and a bias."""
+    return 2 * m.hidden * (1 if m.norm == "rmsnorm" else 2)
+
+
+def layer_params(m: ModelSpec) -> int:
+    return attention_params(m) + mlp_params(m) + norm_params(m)
+
+
+def embedding_params(m: ModelSpec) -> int:
+    """Token embedding (+ learned positions)."""
+    pos = m.seq_len * m.hidden if m.position == "learned" else 0
+    return m.vocab_size * m.hidden + pos
+
+
+def head_params(m: ModelSpec) -> int:
+    """Final norm, plus the output projection unless tied to the embedding."""
+    final_norm = m.hidden * (1 if m.norm == "rmsnorm" else 2)
+    return final_norm + (0 if m.tied_embeddings else m.vocab_size * m.hidden)
+
+
+def total_params(m: ModelSpec) -> int:
+    return m.layers * layer_params(m) + embedding_params(m) + head_params(m)
+
+
+# --- FLOPs per token, forward pass -------------------------------------------------------
+
+
+def qkv_flops(m: ModelSpec) -> float:
+    return 2.0 * m.hidden * (m.hidden + 2 * m.kv_heads * m.head_dim)
+
+
+def attention_core_flops(m: ModelSpec, seq_len: int) -> float:
+    """Scores Q K^T and context P V: 2 matmuls of 2 * s * d_head per head."""
+    return 4.0 * seq_len * m.hidden
+
+
+def out_proj_flops(m: ModelSpec) -> float:
+    return 2.0 * m.hidden * m.hidden
+
+
+def mlp_flops(m: ModelSpec) -> float:
+    return 2.0 * mlp_params(m)
+
+
+def layer_forward_flops(m: ModelSpec, seq_len: int) -> float:
+    return qkv_flops(m) + attention_core_flops(m, seq_len) + out_proj_flops(m) + mlp_flops(m)
+
+
+def head_forward_flops(m: ModelSpec) -> float:
+    """Logits: 2 * h * V (the embedding lookup costs no FLOPs)."""
+    return 2.0 * m.hidden * m.vocab_size
+
+
+def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token, forward + backward (3x forward), no recompute."""
+    return 3.0 * (m.layers * layer_forward_flops(m, seq_len) + head_forward_flops(m))
+
+
+def recompute_flops_per_token(m: ModelSpec, seq_len: int, recompute) -> np.ndarray:
+    """FLOPs repeated in backward: full = every block's forward again; selective = the
+    attention core only (Korthikanti et al. 2022, section 5)."""
+    from planner.cost.layout import RC_FULL, RC_SELECTIVE
+
+    rc = np.asarray(recompute)
+    per_layer = np.where(
+        rc == RC_FULL,
+        layer_forward_flops(m, seq_len),
+        np.where(rc == RC_SELECTIVE, attention_core_flops(m, seq_len), 0.0),
+    )
+    return m.layers * per_layer
+
+
+def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute) -> np.ndarray:
+    return model_flops_per_token(m, seq_len) + recompute_flops_per_token(m, seq_len, recompute)
+
+
+def megatron_flops_per_token(m: ModelSpec, seq_len: int, full_recompute: bool = False) -> float:
+    """Megatron-LM's published formula for GPT models (4h MLP, MHA):
+    72 (or 96 with full recompute) * l * h^2 * (1 + s/(6h)) + 6 h V per token."""
+    factor = 96.0 if full_recompute else 72.0
+    h, l = m.hidden, m.layers
+    return factor * l * h * h * (1 + seq_len / (6.0 * h)) + 6.0 * h * m.vocab_size

@@ -1,0 +1,123 @@
+"""Layouts as a struct of arrays: one element per candidate layout.
+
+The codes of the enum-valued fields are the positions in these tuples, so arrays stay
+integer and the search vectorises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from planner.plan import Recompute, Schedule, Sharding
+
+SHARDINGS = tuple(Sharding)
+RECOMPUTES = tuple(Recompute)
+SCHEDULES = (None,) + tuple(Schedule)  # code 0: no pipeline
+
+SH_NONE, SH_ZERO1, SH_ZERO2, SH_FSDP, SH_GRAD_OP, SH_HSDP = range(len(SHARDINGS))
+RC_NONE, RC_SELECTIVE, RC_FULL = range(len(RECOMPUTES))
+SC_NONE, SC_GPIPE, SC_1F1B, SC_INTERLEAVED = range(len(SCHEDULES))
+
+
+@dataclass
+class Layouts:
+    """Candidate layouts; every field is an int array of the same length."""
+
+    pp: np.ndarray
+    dp_replicate: np.ndarray
+    dp_shard: np.ndarray
+    cp: np.ndarray
+    tp: np.ndarray
+    mbs: np.ndarray  # micro-batch size (sequences)
+    gas: np.ndarray  # gradient-accumulation steps (micro-batches per step)
+    vpp: np.ndarray  # virtual stages per pipeline rank
+    schedule: np.ndarray  # code into SCHEDULES
+    sharding: np.ndarray  # code into SHARDINGS
+    recompute: np.ndarray  # code into RECOMPUTES
+    sp: np.ndarray  # sequence parallel (0/1)
+
+    def __post_init__(self) -> None:
+        n = None
+        for f in fields(self):
+            arr = np.atleast_1d(np.asarray(getattr(self, f.name), dtype=np.int64))
+            setattr(self, f.name, arr)
+            n = len(arr) if n is None else n
+            if len(arr) != n:
+                raise ValueError(f"layout field {f.name} has {len(arr)} elements, expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.pp)
+
+    @property
+    def dp(self) -> np.ndarray:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world(self) -> np.ndarray:
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def sharded(self) -> np.ndarray:
+        """True where parameters/optimizer state are sharded over (dp_shard x cp) ranks."""
+        return self.sharding != SH_NONE
+
+    @property
+    def shard_group(self) -> np.ndarray:
+        """Ranks that share one copy of the sharded state: dp_shard x cp (1 for DDP)."""
+        return np.where(self.sharded, self.dp_shard * self.cp, 1)
+
+    @property
+    def grad_group(self) -> np.ndarray:
+        """Ranks whose gradients are reduced together: every data-parallel and cp rank."""
+        return self.dp * self.cp
+
+    def take(self, index) -> "Layouts":
+        """A subset (fancy index or mask)."""
+        return Layouts(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def row(self, i: int) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)[i]) for f in fields(self)}
+
+    @staticmethod
+    def concat(parts: list["Layouts"]) -> "Layouts":
+        return Layouts(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Layouts)})
+
+
+@dataclass
+class Space:
+    """Layouts in factored form, so that work is done once per distinct part.
+
+    `units` hold what one micro-batch's work depends on (pp, cp, tp, mbs, vpp, recompute,
+    sp; dp_replicate sized so that the world is right); `meshes` what the model states and
+    data-parallel traffic depend on (pp, dp_replicate, dp_shard, cp, tp, sharding). Row i of
+    the space is units[unit[i]] and meshes[mesh[i]] with gas[i] micro-batches under
+    schedule[i].
+    """
+
+    units: Layouts
+    meshes: Layouts
+    unit: np.ndarray
+    mesh: np.ndarray
+    gas: np.ndarray
+    schedule: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.unit)
+
+    @staticmethod
+    def of(lay: Layouts) -> "Space":
+        """The trivial factorisation of explicit layouts (one unit and one mesh per row)."""
+        idx = np.arange(len(lay))
+        return Space(lay, lay, idx, idx, lay.gas, lay.schedule)
+
+    def layouts(self, rows=None) -> Layouts:
+        """Full layouts of the given rows (all rows if None)."""
+        rows = np.arange(len(self)) if rows is None else np.asarray(rows)
+        u, m = self.units.take(self.unit[rows]), self.meshes.take(self.mesh[rows])
+        return Layouts(
+            pp=u.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, cp=u.cp, tp=u.tp, mbs=u.mbs,
+            gas=self.gas[rows], vpp=u.vpp, schedule=self.schedule[rows], sharding=m.sharding,
+            recompute=u.recompute, sp=u.sp,
+        )

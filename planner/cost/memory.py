@@ -1,0 +1,146 @@
+"""Peak memory per device: model states, activations, buffers and a reserve.
+
+Model states follow ZeRO (Rajbhandari et al. 2020) with this project's precision rule: a
+16-bit working copy of the weights, fp32 master weights, fp32 gradients (accumulation and
+reduction in fp32, as in the seed runs) and AdamW's two fp32 moments. Activations follow
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+written tensor by tensor for a Llama block (no dropout; SwiGLU keeps gate, up, activation
+and product), with sequence parallelism splitting the residual-stream tensors over tp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import flops
+from planner.cost.layout import (
+    RC_FULL,
+    RC_SELECTIVE,
+    SC_GPIPE,
+    SC_INTERLEAVED,
+    SC_NONE,
+    SH_FSDP,
+    SH_GRAD_OP,
+    SH_HSDP,
+    SH_NONE,
+    SH_ZERO1,
+    SH_ZERO2,
+    Layouts,
+)
+from planner.specs import MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
+
+GIB = 2.0**30
+
+
+@dataclass
+class MemoryParts:
+    """Bytes per device, arrays over layouts."""
+
+    parameters: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    buffers: np.ndarray
+    reserve: np.ndarray
+    total: np.ndarray
+    fits: np.ndarray
+
+
+def stage_params(model: ModelSpec, lay: Layouts) -> np.ndarray:
+    """Parameters held by one pipeline rank before tensor parallelism: its share of the
+    blocks, plus the embedding and the head (both on the only stage when pp = 1; the larger
+    of the two on the heaviest stage otherwise)."""
+    blocks = np.ceil(model.layers / lay.pp) * flops.layer_params(model)
+    emb, head = flops.embedding_params(model), flops.head_params(model)
+    ends = np.where(lay.pp == 1, emb + head, max(emb, head))
+    return blocks + ends
+
+
+def model_state_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(parameters, gradients, optimizer state) bytes per device under each sharding."""
+    P = stage_params(model, lay) / lay.tp
+    mixed = job.precision != Precision.fp32
+    working = 2.0 if mixed else 4.0  # the weights the forward pass reads
+    master = 4.0 if mixed else 0.0  # fp32 copy the optimizer updates
+    grad, moments = 4.0, 8.0
+    G = lay.shard_group.astype(np.float64)
+    s = lay.sharding
+    fully = (s == SH_FSDP) | (s == SH_GRAD_OP) | (s == SH_HSDP)
+    # FSDP keeps one sharded fp32 parameter (the master when mixed); 16-bit copies are
+    # gathered per block and counted as buffers.
+    params = np.where(fully, P * (master if mixed else working) / G, np.where(s == SH_NONE, P * (working + master), P * working + P * master / G))
+    grads = np.where((s == SH_ZERO2) | fully, P * grad / G, P * grad)
+    opt = np.where(s == SH_NONE, P * moments, P * moments / G)
+    return params, grads, opt
+
+
+def layer_activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Bytes one block keeps for backward, per micro-batch, without recompute."""
+    T = lay.mbs * job.seq_len / lay.cp
+    B = bytes_per_element(job.precision)
+    h, f, t = model.hidden, model.ffn_hidden, lay.tp
+    kv = model.kv_heads * model.head_dim
+    stream = np.where(lay.sp == 1, T / t, T) * h * B  # a residual-stream-sized tensor
+    attention = 2 * stream + T * (h + 2 * kv) * B / t + T * h * B / t + T * (model.heads / t) * 4
+    mlp = 2 * stream + (4 if model.activation == "swiglu" else 2) * T * f * B / t
+    scores = scores_bytes(model, machine, job, lay)
+    return attention + mlp + scores
+
+
+def scores_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Without a fused kernel the s x s scores and probabilities are stored (2 tensors)."""
+    if machine.flash_attention:
+        return np.zeros(len(lay))
+    B = bytes_per_element(job.precision)
+    return 2.0 * lay.mbs * (model.heads / lay.tp) * (job.seq_len / lay.cp) * job.seq_len * B
+
+
+def microbatches_in_flight(pp, gas, vpp, schedule) -> np.ndarray:
+    """Micro-batches whose activations the busiest pipeline rank holds at once:
+    1 without a pipeline, all of them in GPipe, min(pp, m) in 1F1B, and
+    pp (1 + (pp-1)/(pp v)) in interleaved 1F1B (Narayanan et al. 2021, Korthikanti 2022)."""
+    p, m, v = (np.asarray(x, dtype=np.float64) for x in (pp, gas, vpp))
+    interleaved = p * (1 + (p - 1) / (p * v))
+    out = np.where(schedule == SC_GPIPE, m, np.minimum(p, m))
+    out = np.where(schedule == SC_INTERLEAVED, np.minimum(interleaved, m), out)
+    return np.where(schedule == SC_NONE, 1.0, out)
+
+
+def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes per in-flight micro-batch, fixed bytes) of activations on the busiest rank.
+    Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only;
+    selective drops the attention scores). Fixed: one micro-batch of fp32 logits and their
+    gradient on the last stage, and under full recompute one block's working set while it
+    is recomputed."""
+    per_layer = layer_activation_bytes(model, machine, job, lay)
+    T = lay.mbs * job.seq_len / lay.cp
+    B = bytes_per_element(job.precision)
+    stream_in = np.where(lay.sp == 1, T / lay.tp, T) * model.hidden * B
+    scores = scores_bytes(model, machine, job, lay)
+    kept = np.where(lay.recompute == RC_FULL, stream_in, np.where(lay.recompute == RC_SELECTIVE, per_layer - scores, per_layer))
+    per_microbatch = np.ceil(model.layers / lay.pp) * kept
+    working = np.where(lay.recompute == RC_FULL, per_layer, 0.0)
+    logits = 2 * 4.0 * T * model.vocab_size / lay.tp
+    return per_microbatch, working + logits
+
+
+def buffer_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Communication buffers: FSDP's gathered 16-bit blocks (the one in use and the one
+    prefetched; the whole stage when parameters stay gathered to backward) and one block of
+    unsharded gradients; otherwise two 25 MB gradient buckets in flight."""
+    working = 4.0 if job.precision == Precision.fp32 else 2.0
+    block = flops.layer_params(model) / lay.tp
+    P = stage_params(model, lay) / lay.tp
+    s = lay.sharding
+    fsdp_like = (s == SH_FSDP) | (s == SH_HSDP)
+    gathered = np.where(fsdp_like, 2 * block * working, np.where(s == SH_GRAD_OP, P * working, 0.0))
+    grads = np.where(fsdp_like | (s == SH_GRAD_OP), block * 4.0, 0.0)
+    buckets = np.where((s == SH_ZERO2) | (s == SH_ZERO1) | (s == SH_NONE), 2 * 25e6, 0.0)
+    return gathered + grads + buckets
+
+
+def reserve_bytes(machine: MachineModel, allocated) -> np.ndarray:
+    """Runtime context and workspace, plus fragmentation in proportion to what is allocated."""
+    return allocated * machine.fragmentation_fraction + machine.memory_reserve_gib * GIB

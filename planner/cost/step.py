@@ -1,0 +1,357 @@
+"""Step time of a training iteration, assembled from compute, communication and memory.
+
+One optimizer step on the busiest pipeline rank:
+    step = m * work_per_microbatch + bubble + exposed data-parallel traffic + optimizer
+    work_per_microbatch = its blocks' compute + exposed tp, cp and pipeline traffic
+    bubble = (p - 1) / v * work_per_microbatch  (GPipe/1F1B: v = 1; Narayanan et al. 2021)
+Data-parallel and FSDP traffic overlaps compute by buckets or blocks up to the machine's
+overlap fraction; what cannot hide, and never less than one bucket or block, is exposed:
+    exposed = max(traffic - overlap * compute it runs under, one bucket or block).
+
+The work is done in three levels (planner.cost.layout.Space): per micro-batch "unit"
+(compute, tp/cp/pp traffic, activations), per "mesh" (model states, data-parallel traffic,
+optimizer), and per row (what combines them: accumulation steps, schedule, overlap).
+
+Collective algorithms: in `fast` mode each communicator takes its cheapest algorithm (a
+lower bound used by the search); otherwise the job takes one allreduce algorithm and one
+reduce-scatter/all-gather algorithm for all communicators, as libraries set them process-
+wide (NCCL_ALGO, CCL_ALLREDUCE), and the best such pair is chosen per layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import comm, compute, flops
+from planner.cost.layout import RC_FULL, SH_FSDP, SH_GRAD_OP, SH_HSDP, SH_NONE, SH_ZERO1, SH_ZERO2, Layouts, Space
+from planner.cost.memory import (
+    MemoryParts,
+    activation_bytes,
+    buffer_bytes,
+    microbatches_in_flight,
+    model_state_bytes,
+    reserve_bytes,
+    stage_params,
+)
+from planner.cost.topology import LinkTiers, link_tiers
+from planner.errors import PlanError
+from planner.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Precision, TrainingJob, Workload, bytes_per_element
+
+DDP_BUCKETS_MB = (25.0, 100.0, 400.0)
+ZERO_BUCKET_BYTES = 25e6
+GIB = 2.0**30
+
+
+@dataclass
+class Evaluation:
+    """Predictions for each row (arrays), with the algorithm and bucket choices made."""
+
+    space: Space
+    step_time_s: np.ndarray
+    compute_s: np.ndarray
+    bubble_s: np.ndarray
+    optimizer_s: np.ndarray
+    dp_s: np.ndarray
+    tp_s: np.ndarray
+    pp_s: np.ndarray
+    cp_s: np.ndarray
+    tp_algorithm: np.ndarray  # code into comm.ALGORITHMS
+    dp_algorithm: np.ndarray
+    dp_replicate_algorithm: np.ndarray  # HSDP's allreduce across replicas
+    ddp_bucket_mb: np.ndarray
+    memory: MemoryParts
+    tokens_per_s: np.ndarray
+    model_tflops_per_device: np.ndarray
+    hardware_tflops_per_device: np.ndarray
+    mfu: np.ndarray
+    time_to_train_days: np.ndarray
+    layouts_scored: int  # rows x algorithm choices evaluated
+
+    def __len__(self) -> int:
+        return len(self.step_time_s)
+
+
+def offered_algorithms(machine: MachineModel) -> tuple[list[int], list[int]]:
+    """(allreduce codes, reduce-scatter/all-gather codes) the library can be told to use.
+    Reduce-scatter and all-gather run as rings, or hierarchically where the library offers a
+    hierarchical mode (oneCCL's topo)."""
+    ar = [comm.ALGORITHMS.index(Algorithm(a)) for a in machine.algorithms]
+    rsag = [comm.AL_RING]
+    if Algorithm.hierarchical in machine.algorithms and machine.collective_library == CollectiveLibrary.oneccl:
+        rsag.append(comm.AL_HIERARCHICAL)
+    return ar, rsag
+
+
+def _cheapest(costs: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Elementwise minimum over algorithms: (cost, algorithm code)."""
+    codes = list(costs)
+    stacked = np.stack([costs[c] for c in codes])
+    pick = np.argmin(stacked, axis=0)
+    return np.take_along_axis(stacked, pick[None], axis=0)[0], np.asarray(codes)[pick]
+
+
+def bottleneck_chunk(layers: int, chunks, head_weight) -> tuple[np.ndarray, np.ndarray]:
+    """Min-max contiguous split of `layers` equal blocks plus a head of `head_weight` blocks
+    (on the last chunk) into `chunks` non-empty chunks: (load of the slowest chunk in block
+    units, blocks on it). The optimum puts k blocks on the last chunk with k + w close to
+    (L - k)/(S - 1); both integer neighbours of that k are tried."""
+    S = np.asarray(chunks, dtype=np.float64)
+    w = np.asarray(head_weight, dtype=np.float64)
+    best = np.full(np.broadcast(S, w).shape, np.inf)
+    blocks = np.zeros_like(best)
+    k_star = (layers - w * (S - 1)) / np.maximum(S, 1)
+    for k in (np.floor(k_star), np.ceil(k_star)):
+        k = np.clip(k, 1, layers - S + 1)
+        others = np.where(S > 1, np.ceil((layers - k) / np.maximum(S - 1, 1)), 0)
+        load = np.maximum(others, k + w)
+        better = load < best
+        blocks = np.where(better, np.maximum(others, k), blocks)
+        best = np.minimum(best, load)
+    single = S == 1
+    return np.where(single, layers + w, best), np.where(single, layers, blocks)
+
+
+# --------------------------------------------------------------------------------------------
+# Level 1: one micro-batch
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class UnitCosts:
+    compute_mb: np.ndarray  # compute of one micro-batch on the busiest rank (s)
+    tp_mb: dict[int, np.ndarray]  # exposed tp traffic per micro-batch, by algorithm code
+    cp_mb: np.ndarray
+    pp_mb: np.ndarray
+    act_per_mb: np.ndarray  # activation bytes per in-flight micro-batch
+    act_fixed: np.ndarray
+
+
+def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Layouts, tiers: LinkTiers, algos) -> UnitCosts:
+    ov, B, t, v = machine.overlap, bytes_per_element(job.precision), u.tp, u.vpp
+    _, fb_layer = compute.layer_times(model, machine, job, u)
+    head = compute.head_time(model, machine, job, u)
+    load, blocks = bottleneck_chunk(model.layers, u.pp * v, head / fb_layer)
+    blocks_on_rank = blocks * v
+    T = u.mbs * job.seq_len / u.cp
+    M_act = T * model.hidden * B
+    # Tensor parallel: per block 2 collectives forward, 2 backward (+2 when recomputed);
+    # with sequence parallelism each is a reduce-scatter + all-gather pair.
+    pl_tp = comm.place(t, 1, tiers)
+    calls = np.where(t > 1, blocks_on_rank * (4 + np.where(u.recompute == RC_FULL, 2, 0)) * (1 - ov.tp), 0.0)
+    ar_codes, rsag_codes = algos
+    tp_mb = {}
+    for a in sorted(set(ar_codes) | set(rsag_codes)):
+        ar_cost = comm.allreduce(a, pl_tp, M_act) if a in ar_codes else np.inf
+        sp_cost = 2 * comm.reduce_scatter(a, pl_tp, M_act) if a in rsag_codes else np.inf
+        tp_mb[a] = calls * np.where(u.sp == 1, sp_cost, ar_cost)
+    # Context parallel: K and V pass around the ring of cp ranks (forward once, backward
+    # twice for K, V and their gradients, again when recomputed).
+    pl_cp = comm.place(u.cp, t, tiers)
+    kv_bytes = T * 2 * model.kv_heads * model.head_dim * B / t
+    steps = (u.cp - 1) * (3 + np.where(u.recompute == RC_FULL, 1, 0))
+    cp_mb = blocks_on_rank * steps * comm.point_to_point(kv_bytes, pl_cp.alpha_s, pl_cp.beta_Bps) * (1 - ov.cp)
+    # Pipeline: each chunk sends its activations forward and their gradients back.
+    pl_pp = comm.place(u.pp, u.dp * u.cp * t, tiers)
+    pp_bytes = np.where(u.sp == 1, M_act / t, M_act)
+    pp_mb = np.where(u.pp > 1, 2 * v * comm.point_to_point(pp_bytes, pl_pp.alpha_s, pl_pp.beta_Bps) * (1 - ov.pp), 0.0)
+    act_per_mb, act_fixed = activation_bytes(model, machine, job, u)
+    return UnitCosts(load * v * fb_layer, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed)
+
+
+# --------------------------------------------------------------------------------------------
+# Level 2: one mesh (model states and data-parallel traffic)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MeshCosts:
+    """Data-parallel traffic of a mesh, as terms the row level overlaps with compute:
+    F (under forward) and K (under backward), each `per_mb` or once a step, and S (once a
+    step under the last backward) for each DDP bucket size. Totals and floors (s)."""
+
+    F_total: dict[int, np.ndarray]
+    F_floor: dict[int, np.ndarray]
+    K_total: dict[int, np.ndarray]
+    K_floor: dict[int, np.ndarray]
+    F_per_mb: np.ndarray
+    K_per_mb: np.ndarray
+    S_total: dict[int, list[np.ndarray]]  # by allreduce algorithm, one per DDP bucket size
+    S_floor: dict[int, list[np.ndarray]]
+    parameters: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    buffers: np.ndarray
+    optimizer_s: np.ndarray
+
+
+def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Layouts, tiers: LinkTiers, algos) -> MeshCosts:
+    s, t = m.sharding, m.tp
+    P = stage_params(model, m) / t
+    M_grad = P * 4.0  # gradients reduced in fp32
+    M_w = P * (4.0 if job.precision == Precision.fp32 else 2.0)
+    n_blocks = np.ceil(model.layers / m.pp)
+    G = np.maximum(m.shard_group, 1)
+    single = m.grad_group == 1
+    pl_grad = comm.place(m.grad_group, t, tiers)
+    pl_shard = comm.place(m.shard_group, t, tiers)
+    pl_rep = comm.place(m.dp_replicate, m.dp_shard * m.cp * t, tiers)
+    zero = (s == SH_ZERO1) | (s == SH_ZERO2)
+    fsdp = (s == SH_FSDP) | (s == SH_GRAD_OP) | (s == SH_HSDP)
+    ar_codes, rsag_codes = algos
+    F_total, F_floor, K_total, K_floor, S_total, S_floor = {}, {}, {}, {}, {}, {}
+    for r in rsag_codes:
+        # ZeRO: reduce-scatter gradients in 25 MB buckets; all-gather the updated 16-bit
+        # weights under the next forward. FSDP: all-gather each block before forward (and
+        # again before backward when resharded), reduce-scatter its gradients.
+        zb = np.maximum(np.ceil(M_grad / ZERO_BUCKET_BYTES), 1)
+        zero_rs = comm.reduce_scatter(r, pl_grad, M_grad / zb)
+        ag_grad_group = comm.all_gather(r, pl_grad, M_w)
+        ag_block = comm.all_gather(r, pl_shard, M_w / n_blocks)
+        rs_block = comm.reduce_scatter(r, pl_shard, M_grad / n_blocks)
+        refetch = np.where(s == SH_GRAD_OP, 0.0, 1.0)
+        F_total[r] = np.where(zero, ag_grad_group, np.where(fsdp, n_blocks * ag_block, 0.0))
+        F_floor[r] = np.where(zero, ag_grad_group / n_blocks, np.where(fsdp, ag_block, 0.0))
+        K_total[r] = np.where(zero, zb * zero_rs, np.where(fsdp, n_blocks * (refetch * ag_block + rs_block), 0.0))
+        K_floor[r] = np.where(zero, zero_rs, np.where(fsdp, rs_block, 0.0))
+        for d in (F_total, F_floor, K_total, K_floor):
+            d[r] = np.where(single, 0.0, d[r])
+    for a in ar_codes:
+        # DDP: bucketed allreduce of all gradients; HSDP: allreduce of the shards across
+        # replicas. Both once a step, under the last micro-batch's backward.
+        S_total[a], S_floor[a] = [], []
+        for mb in DDP_BUCKETS_MB:
+            bytes_ = np.where(s == SH_HSDP, M_grad / G, M_grad)
+            n = np.maximum(np.ceil(bytes_ / (mb * 1e6)), 1)
+            per_ddp = comm.allreduce(a, pl_grad, bytes_ / n)
+            per_hsdp = comm.allreduce(a, pl_rep, bytes_ / n)
+            per = np.where(s == SH_HSDP, per_hsdp, np.where(s == SH_NONE, per_ddp, 0.0))
+            per = np.where(single, 0.0, per)
+            S_total[a].append(n * per)
+            S_floor[a].append(per)
+    params, grads, opt = model_state_bytes(model, job, m)
+    opt_params = np.where(s == SH_NONE, P, P / G)
+    optimizer_s = opt_params * (30.0 if job.precision != Precision.fp32 else 28.0) / (machine.memory_bandwidth_gbps * 1e9)
+    return MeshCosts(
+        F_total, F_floor, K_total, K_floor,
+        F_per_mb=fsdp, K_per_mb=fsdp | (s == SH_ZERO2),
+        S_total=S_total, S_floor=S_floor,
+        parameters=params, gradients=grads, optimizer=opt, buffers=buffer_bytes(model, job, m), optimizer_s=optimizer_s,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Level 3: rows
+# --------------------------------------------------------------------------------------------
+
+
+def _fix_algorithms(U: UnitCosts, M: MeshCosts, u_sp: np.ndarray, pair) -> tuple:
+    """Per-unit tp and per-mesh data-parallel terms under one choice of algorithms.
+
+    pair = (allreduce, rs/ag) codes: the job-wide setting. pair = None: each communicator
+    takes its cheapest algorithm (for F/K the reduce-scatter/all-gather algorithm with the
+    least total traffic, for S per bucket size the allreduce with the least; exposure grows
+    with both total and floor, which shrink together, so this is the per-row optimum)."""
+    if pair is not None:
+        a, r = pair
+        tp_mb = np.where(u_sp == 1, U.tp_mb[r], U.tp_mb[a])
+        tp_code = np.where(u_sp == 1, r, a)
+        S = [(M.S_total[a][k], M.S_floor[a][k], np.full(len(M.optimizer_s), a)) for k in range(len(DDP_BUCKETS_MB))]
+        return tp_mb, tp_code, M.F_total[r], M.F_floor[r], M.K_total[r], M.K_floor[r], np.full(len(M.optimizer_s), r), S
+    tp_mb, tp_code = _cheapest(U.tp_mb)
+    rs = list(M.F_total)
+    _, r_code = _cheapest({r: M.F_total[r] + M.K_total[r] for r in rs})
+    pick = lambda d: np.select([r_code == r for r in rs], [d[r] for r in rs])  # noqa: E731
+    S = []
+    for k in range(len(DDP_BUCKETS_MB)):
+        total, a_code = _cheapest({a: M.S_total[a][k] for a in M.S_total})
+        floor = np.select([a_code == a for a in M.S_total], [M.S_floor[a][k] for a in M.S_total])
+        S.append((total, floor, a_code))
+    return tp_mb, tp_code, pick(M.F_total), pick(M.F_floor), pick(M.K_total), pick(M.K_floor), r_code, S
+
+
+@dataclass
+class Scores:
+    """What the search ranks by, for every row: step time, peak memory, fit."""
+
+    step_time_s: np.ndarray
+    memory_bytes: np.ndarray
+    fits: np.ndarray
+    layouts_scored: int
+
+
+def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, fast: bool = True, detail: bool = True):
+    """Predict every row of a layout space (see the module docstring for `fast`). With
+    detail=False only the Scores the search needs are computed (much less work per row)."""
+    if job.workload != Workload.pretrain:
+        raise PlanError("workload dpo is planned by a later release; use pretrain", field="job.workload")
+    tiers = link_tiers(machine)
+    ar_codes, rsag_codes = offered_algorithms(machine)
+    units, meshes = space.units, space.meshes
+    U = unit_costs(model, machine, job, units, tiers, (ar_codes, rsag_codes))
+    M = mesh_costs(model, machine, job, meshes, tiers, (ar_codes, rsag_codes))
+    u, mi = space.unit, space.mesh
+    # Per unit: micro-batches and their work; the step repeats it m + (p-1)/v times.
+    m_u = units.gas.astype(np.float64)
+    repeats_u = m_u + (units.pp - 1) / units.vpp
+    base_u = U.compute_mb + U.cp_mb + U.pp_mb
+    m = m_u[u]
+    fwd_mb = (U.compute_mb / 3.0)[u]
+    bwd_mb = 2.0 * fwd_mb
+    ov = machine.overlap.dp
+    F_reps = np.where(M.F_per_mb[mi], m, 1.0)
+    K_reps = np.where(M.K_per_mb[mi], m, 1.0)
+
+    best = None
+    for pair in [None] if fast else [(a, r) for a in ar_codes for r in rsag_codes]:
+        tp_mb_u, tp_code_u, Ft, Ff, Kt, Kf, r_code, S = _fix_algorithms(U, M, units.sp, pair)
+        dp = F_reps * np.maximum(Ft[mi] - ov * fwd_mb, Ff[mi]) + K_reps * np.maximum(Kt[mi] - ov * bwd_mb, Kf[mi])
+        s_cost, k = _cheapest({j: np.maximum(St[mi] - ov * bwd_mb, Sf[mi]) for j, (St, Sf, _) in enumerate(S)})
+        step = (repeats_u * (base_u + tp_mb_u))[u] + dp + s_cost + M.optimizer_s[mi]
+        cand = dict(step=step, dp=dp + s_cost, k=k, tp_code=tp_code_u[u], rs_code=r_code[mi],
+                    ar_code=np.select([k == j for j in range(len(S))], [S[j][2][mi] for j in range(len(S))]),
+                    tp_mb=tp_mb_u[u])
+        if best is None:
+            best = cand
+        else:
+            better = step < best["step"]
+            best = {key: np.where(better, cand[key], best[key]) for key in best}
+
+    # Memory: activations depend on the unit and, through in-flight micro-batches, the schedule.
+    acts = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], m, units.vpp[u], space.schedule) + U.act_fixed[u]
+    states = (M.parameters + M.gradients + M.optimizer + M.buffers)[mi]
+    allocated = states + acts
+    reserve = reserve_bytes(machine, allocated)
+    total = allocated + reserve
+    fits = total <= machine.device_memory_gib * GIB
+    step_time = best["step"]
+    n_algos = len(ar_codes) * len(rsag_codes)
+    if not detail:
+        return Scores(step_time, total, fits, len(space) * n_algos)
+
+    mem = MemoryParts(M.parameters[mi], M.gradients[mi], M.optimizer[mi], acts, M.buffers[mi], reserve, total, fits)
+    tokens = job.global_batch * job.seq_len
+    world = units.world[u].astype(np.float64)
+    model_fl = flops.model_flops_per_token(model, job.seq_len) * tokens
+    hw_fl = flops.hardware_flops_per_token(model, job.seq_len, units.recompute)[u] * tokens
+    tps = tokens / step_time
+    model_tf = model_fl / step_time / world / 1e12
+    work_mb = base_u[u] + best["tp_mb"]
+    s_code = meshes.sharding[mi]
+    return Evaluation(
+        space=space, step_time_s=step_time, compute_s=m * U.compute_mb[u], bubble_s=((units.pp - 1) / units.vpp)[u] * work_mb,
+        optimizer_s=M.optimizer_s[mi], dp_s=best["dp"], tp_s=m * best["tp_mb"], pp_s=m * U.pp_mb[u], cp_s=m * U.cp_mb[u],
+        tp_algorithm=best["tp_code"], dp_algorithm=np.where(s_code == SH_NONE, best["ar_code"], best["rs_code"]),
+        dp_replicate_algorithm=best["ar_code"], ddp_bucket_mb=np.asarray(DDP_BUCKETS_MB)[best["k"]],
+        memory=mem, tokens_per_s=tps, model_tflops_per_device=model_tf,
+        hardware_tflops_per_device=hw_fl / step_time / world / 1e12,
+        mfu=model_tf / (machine.peak_flops(job.precision) / 1e12),
+        time_to_train_days=job.token_budget / tps / 86400.0,
+        layouts_scored=len(space) * n_algos,
+    )
+
+
+def evaluate(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts, fast: bool = False) -> Evaluation:
+    """Predict explicit layouts (one row each), with library-consistent algorithms by default."""
+    return evaluate_space(model, machine, job, Space.of(lay), fast=fast)

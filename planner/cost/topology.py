@@ -1,0 +1,115 @@
+"""The machine's topology as a networkx graph, and the link figures the cost model reads off it.
+
+Nodes of the graph: devices, one intra-node switch (NVSwitch / Infinity Fabric / Xe Link
+plane) per node, NICs, and the fabric (one switch per dragonfly group or leaf, joined by a
+global layer). Edges carry `bandwidth_Bps` (per direction) and `latency_s`.
+
+The search does not walk the graph per layout: it reads three tiers off it once (a pair of
+devices in one node, a pair in different nodes of one group, a pair in different groups)
+with their path latency and bottleneck bandwidth, plus each node's injection bandwidth into
+the fabric as a maximum flow over its NICs. Communicator placement then picks the tier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import networkx as nx
+
+from planner.specs import MachineModel, TopologyKind
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class LinkTiers:
+    intra_bandwidth_Bps: float  # per device, per direction, inside a node
+    intra_latency_s: float
+    node_injection_Bps: float  # all NICs of one node together, per direction
+    inter_latency_s: float
+    global_taper: float  # fraction of injection bandwidth between dragonfly groups
+    nodes_per_group: int
+    devices_per_node: int
+
+
+def build_graph(machine: MachineModel, nodes: int, sample_group_size: int | None = None) -> nx.Graph:
+    """Devices, switches, NICs and fabric of `nodes` nodes (small node counts suffice: the
+    figures are per node and per tier). `sample_group_size` places that many of the sampled
+    nodes in each group (the global links keep the machine's real group capacity)."""
+    g = nx.Graph()
+    intra_bw = machine.intra_node_bandwidth_gbps * GB
+    nic_bw = machine.nic_gbps / 8.0 * GB
+    half_intra = machine.intra_node_latency_us * 1e-6 / 2
+    # Inter-node latency: NIC -> leaf and leaf -> NIC carry half each; crossing the global
+    # layer of a dragonfly adds half again.
+    hop = machine.inter_node_latency_us * 1e-6 / 2
+    dragonfly = machine.topology == TopologyKind.dragonfly
+    group_size = machine.nodes_per_group if dragonfly else max(nodes, 1)
+    sample = sample_group_size or group_size
+    for n in range(nodes):
+        sw = ("switch", n)
+        for d in range(machine.devices_per_node):
+            g.add_edge(("device", n, d), sw, bandwidth_Bps=intra_bw, latency_s=half_intra)
+        leaf = ("group", n // sample)
+        for k in range(machine.nics_per_node):
+            nic = ("nic", n, k)
+            g.add_edge(sw, nic, bandwidth_Bps=nic_bw, latency_s=0.0)
+            g.add_edge(nic, leaf, bandwidth_Bps=nic_bw, latency_s=hop)
+    groups = {("group", n // sample) for n in range(nodes)}
+    taper = machine.global_bandwidth_taper if machine.topology == TopologyKind.dragonfly else 1.0
+    for grp in groups:
+        # The global layer: each group's share of bisection bandwidth, tapered on dragonfly.
+        g.add_edge(grp, ("global",), bandwidth_Bps=taper * group_size * machine.nics_per_node * nic_bw, latency_s=hop / 2)
+    if len(groups) == 1:
+        # One group: the leaf itself is the whole fabric, joined by a zero-cost edge so that
+        # every path has the same shape.
+        g.add_edge(next(iter(groups)), ("global",), bandwidth_Bps=float("inf"), latency_s=0.0)
+    return g
+
+
+def path_figures(g: nx.Graph, a, b) -> tuple[float, float]:
+    """(latency_s, bottleneck bandwidth_Bps) of the lowest-latency path from a to b."""
+    path = nx.shortest_path(g, a, b, weight="latency_s")
+    edges = list(zip(path, path[1:]))
+    latency = sum(g.edges[e]["latency_s"] for e in edges)
+    bandwidth = min(g.edges[e]["bandwidth_Bps"] for e in edges)
+    return latency, bandwidth
+
+
+def node_injection(g: nx.Graph, node: int) -> float:
+    """Bytes/s one node can push into the fabric: maximum flow from its switch to the fabric."""
+    return nx.maximum_flow_value(g, ("switch", node), ("global",), capacity="bandwidth_Bps")
+
+
+@lru_cache(maxsize=64)
+def _tiers_cached(machine_json: str) -> LinkTiers:
+    machine = MachineModel.model_validate_json(machine_json)
+    dragonfly = machine.topology == TopologyKind.dragonfly
+    # Two nodes of one group (and on a dragonfly a third in another group) show every tier.
+    sample_nodes = min(3 if dragonfly else 2, machine.nodes)
+    g = build_graph(machine, sample_nodes, sample_group_size=2 if dragonfly else None).to_directed()
+    dev0 = ("device", 0, 0)
+    if machine.devices_per_node > 1:
+        intra_lat, intra_bw = path_figures(g, dev0, ("device", 0, 1))
+    else:
+        intra_lat, intra_bw = machine.intra_node_latency_us * 1e-6, machine.intra_node_bandwidth_gbps * GB
+    if sample_nodes > 1:
+        inter_lat, _ = path_figures(g, dev0, ("device", 1, 0))
+        injection = node_injection(g, 0)
+    else:
+        inter_lat, injection = machine.inter_node_latency_us * 1e-6, machine.node_injection_gbps * GB
+    return LinkTiers(
+        intra_bandwidth_Bps=intra_bw * machine.network_efficiency,
+        intra_latency_s=intra_lat,
+        node_injection_Bps=injection * machine.network_efficiency,
+        inter_latency_s=inter_lat,
+        global_taper=machine.global_bandwidth_taper if dragonfly else 1.0,
+        nodes_per_group=machine.nodes_per_group if dragonfly else max(machine.nodes, 1),
+        devices_per_node=machine.devices_per_node,
+    )
+
+
+def link_tiers(machine: MachineModel) -> LinkTiers:
+    """The tiers of a machine (cached per machine description)."""
+    return _tiers_cached(machine.model_dump_json())

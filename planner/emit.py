@@ -1,0 +1,171 @@
+"""Turn one scored layout into a Plan: stages, collectives and their environment, prediction."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import numpy as np
+
+from planner import COST_MODEL_VERSION, __version__
+from planner.cost import comm, compute, flops
+from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, SH_NONE, Layouts
+from planner.cost.memory import GIB, activation_bytes, microbatches_in_flight
+from planner.cost.step import Evaluation
+from planner.plan import (
+    CollectiveChoice,
+    Collectives,
+    Communicator,
+    MemoryBreakdown,
+    Mesh,
+    Pipeline,
+    Plan,
+    Prediction,
+    Provenance,
+    Sharding,
+    ShardingOptions,
+    StageAssignment,
+    StepTimeBreakdown,
+    seal,
+)
+from planner.search.stages import assign_stages
+from planner.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, TrainingJob
+
+# How each library is told which algorithm to use (process-wide, per collective).
+NCCL_NAMES = {Algorithm.ring: "ring", Algorithm.tree: "tree"}
+ONECCL_ALLREDUCE = {Algorithm.ring: "ring", Algorithm.tree: "double_tree", Algorithm.rabenseifner: "rabenseifner", Algorithm.hierarchical: "topo"}
+ONECCL_RSAG = {Algorithm.ring: "ring", Algorithm.hierarchical: "topo"}
+
+
+def library_env(machine: MachineModel, allreduce: Algorithm | None, rsag: Algorithm | None) -> dict[str, str]:
+    """Environment variables that make the machine's library use the chosen algorithms.
+    NCCL/RCCL: NCCL_ALGO with per-collective syntax (NCCL >= 2.24), so that forcing the
+    allreduce algorithm leaves collectives that only run as rings untouched. oneCCL: one
+    variable per collective. gloo: nothing to set (no user-selectable algorithm)."""
+    lib = machine.collective_library
+    env: dict[str, str] = {}
+    if lib in (CollectiveLibrary.nccl, CollectiveLibrary.rccl):
+        parts = []
+        if allreduce is not None:
+            parts.append(f"allreduce:{NCCL_NAMES[allreduce]}")
+        if rsag is not None:
+            parts += ["reducescatter:ring", "allgather:ring"]
+        if parts:
+            env["NCCL_ALGO"] = ";".join(parts)
+    elif lib == CollectiveLibrary.oneccl:
+        if allreduce is not None:
+            env["CCL_ALLREDUCE"] = ONECCL_ALLREDUCE[allreduce]
+        if rsag is not None:
+            env["CCL_REDUCE_SCATTER"] = ONECCL_RSAG[rsag]
+            env["CCL_ALLGATHERV"] = ONECCL_RSAG[rsag]
+    return env
+
+
+def stage_assignment(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> list[StageAssignment]:
+    """Layers of each (virtual) stage, from CP-SAT: equal blocks, the head's compute on the
+    last stage, each stage's memory (its blocks' states and in-flight activations) under the
+    device memory left after the fixed parts."""
+    pp, v = int(lay.pp[0]), int(lay.vpp[0])
+    if pp == 1:
+        return []
+    S = pp * v
+    _, fb = compute.layer_times(model, machine, job, lay)
+    head = compute.head_time(model, machine, job, lay)
+    per_mb, fixed = activation_bytes(model, machine, job, lay)
+    inflight = microbatches_in_flight(lay.pp, lay.gas, lay.vpp, lay.schedule)
+    blocks_per_rank = np.ceil(model.layers / pp)
+    state_bytes = 18.0 / (lay.dp_shard[0] * lay.cp[0] if lay.sharding[0] != SH_NONE else 1)
+    layer_mem = flops.layer_params(model) / lay.tp[0] * state_bytes + float(per_mb[0] / blocks_per_rank * inflight[0])
+    head_mem = (flops.head_params(model) / lay.tp[0]) * state_bytes + float(fixed[0])
+    emb_mem = (flops.embedding_params(model) / lay.tp[0]) * state_bytes
+    cap = machine.device_memory_gib * GIB * (1 - machine.fragmentation_fraction) - machine.memory_reserve_gib * GIB
+    # A virtual stage holds 1/v of its rank's memory budget.
+    sol = assign_stages([1.0] * model.layers, [layer_mem] * model.layers, S, cap / v,
+                        last_extra_cost=float(head[0] / fb[0]), first_extra_memory=emb_mem, last_extra_memory=head_mem)
+    return [
+        StageAssignment(pp_rank=i % pp, virtual_index=i // pp, first_layer=a, last_layer=b, embedding=i == 0, head=i == S - 1)
+        for i, (a, b) in enumerate(sol.ranges)
+    ]
+
+
+def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, lay: Layouts, ev: Evaluation, i: int, command: str | None = None) -> Plan:
+    """The plan of row i of an evaluation of explicit layouts."""
+    one = lay.take([i])
+    row = one.row(0)
+    kind = SHARDINGS[row["sharding"]]
+    mesh = Mesh(pp=row["pp"], dp_replicate=row["dp_replicate"], dp_shard=row["dp_shard"], cp=row["cp"], tp=row["tp"])
+    schedule = SCHEDULES[row["schedule"]]
+    tp_alg = comm.ALGORITHMS[int(ev.tp_algorithm[i])]
+    dp_alg = comm.ALGORITHMS[int(ev.dp_algorithm[i])]
+    rep_alg = comm.ALGORITHMS[int(ev.dp_replicate_algorithm[i])]
+    sharded = kind != Sharding.none
+    uses_allreduce = (not sharded and one.grad_group[0] > 1) or kind == Sharding.hsdp or (row["tp"] > 1 and not row["sp"])
+    uses_rsag = (sharded and one.grad_group[0] > 1) or (row["tp"] > 1 and bool(row["sp"]))
+    allreduce_alg = rep_alg if (kind in (Sharding.none, Sharding.hsdp)) else (tp_alg if row["tp"] > 1 and not row["sp"] else None)
+    rsag_alg = dp_alg if sharded else (tp_alg if row["sp"] else None)
+    env = library_env(machine, allreduce_alg if uses_allreduce else None, rsag_alg if uses_rsag else None)
+
+    P = flops.total_params(model) / row["pp"] / row["tp"]
+    B = 2 if job.precision.value != "fp32" else 4
+    act = row["mbs"] * job.seq_len / row["cp"] * model.hidden * B
+    comms: dict[Communicator, CollectiveChoice] = {}
+    dpn = machine.devices_per_node
+
+    def spanned(size: int, stride: int) -> int:
+        local = 1 if stride >= dpn else min(size, max(dpn // stride, 1))
+        return max(size // local, 1)
+
+    grad_n = int(one.grad_group[0])
+    if grad_n > 1:
+        comms[Communicator.dp] = CollectiveChoice(
+            op="reduce_scatter+all_gather" if sharded else "allreduce", algorithm=dp_alg if sharded else rep_alg,
+            ranks=grad_n, nodes_spanned=spanned(grad_n, row["tp"]), bytes_per_step=float(P * 4 + (P * B if sharded else 0)))
+    if row["tp"] > 1:
+        calls = 4 * model.layers / row["pp"] * row["gas"]
+        comms[Communicator.tp] = CollectiveChoice(
+            op="reduce_scatter+all_gather" if row["sp"] else "allreduce", algorithm=tp_alg, ranks=row["tp"],
+            nodes_spanned=spanned(row["tp"], 1), bytes_per_step=float(calls * act))
+    if row["pp"] > 1:
+        stride = row["dp_replicate"] * row["dp_shard"] * row["cp"] * row["tp"]
+        comms[Communicator.pp] = CollectiveChoice(op="send_recv", algorithm=Algorithm.ring, ranks=row["pp"],
+                                                  nodes_spanned=spanned(row["pp"], stride), bytes_per_step=float(2 * row["gas"] * row["vpp"] * act))
+    if row["cp"] > 1:
+        comms[Communicator.cp] = CollectiveChoice(op="send_recv", algorithm=Algorithm.ring, ranks=row["cp"],
+                                                  nodes_spanned=spanned(row["cp"], row["tp"]), bytes_per_step=0.0)
+
+    mem = ev.memory
+    prediction = Prediction(
+        step_time_s=float(ev.step_time_s[i]),
+        step_time=StepTimeBreakdown(
+            compute_s=float(ev.compute_s[i]), bubble_s=float(ev.bubble_s[i]), optimizer_s=float(ev.optimizer_s[i]),
+            exposed_comm_s={Communicator.dp: float(ev.dp_s[i]), Communicator.tp: float(ev.tp_s[i]),
+                            Communicator.pp: float(ev.pp_s[i]), Communicator.cp: float(ev.cp_s[i])},
+        ),
+        memory_gib_per_device=float(mem.total[i] / GIB),
+        memory=MemoryBreakdown(
+            parameters_gib=float(mem.parameters[i] / GIB), gradients_gib=float(mem.gradients[i] / GIB),
+            optimizer_gib=float(mem.optimizer[i] / GIB), activations_gib=float(mem.activations[i] / GIB),
+            buffers_gib=float(mem.buffers[i] / GIB), reserve_gib=float(mem.reserve[i] / GIB),
+        ),
+        fits=bool(mem.fits[i]),
+        tokens_per_s=float(ev.tokens_per_s[i]),
+        model_tflops_per_device=float(ev.model_tflops_per_device[i]),
+        hardware_tflops_per_device=float(ev.hardware_tflops_per_device[i]),
+        mfu=float(ev.mfu[i]),
+        time_to_train_days=float(ev.time_to_train_days[i]),
+    )
+    plan = Plan(
+        model=model, machine=machine, job=job, nodes=nodes, ranks_per_node=machine.devices_per_node, mesh=mesh,
+        micro_batch_size=row["mbs"], grad_accumulation_steps=row["gas"], sequence_parallel=bool(row["sp"]),
+        pipeline=Pipeline(schedule=schedule, virtual_stages=row["vpp"], stages=stage_assignment(model, machine, job, one)),
+        sharding=ShardingOptions(
+            kind=kind, shard_group_size=row["dp_shard"], reshard_after_forward=kind != Sharding.fsdp_grad_op,
+            backward_prefetch="backward_pre", limit_all_gathers=True, ddp_bucket_mb=float(ev.ddp_bucket_mb[i]),
+        ),
+        recompute=RECOMPUTES[row["recompute"]],
+        collectives=Collectives(library=machine.collective_library.value, communicators=comms, env=env),
+        prediction=prediction,
+        provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,
+                              command=command or shlex.join(["exaplan", *sys.argv[1:]])),
+    )
+    return seal(plan)

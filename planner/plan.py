@@ -1,0 +1,357 @@
+"""The plan file: the one contract between the planner and the runtime.
+
+A plan says how to lay one training job out on one machine: the mesh, the batch split,
+pipeline stages, sharding, recompute, the collective algorithm per communicator with the
+environment that makes the library use it, and what the cost model predicts. It carries its
+provenance and a content hash that `load_plan` checks, so an edited plan is refused.
+
+The runtime imports this module (and the specs it names) and nothing else from the planner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from planner.errors import PlanError
+from planner.specs import Algorithm, MachineModel, ModelSpec, PosInt, Spec, TrainingJob
+
+SCHEMA_VERSION = 1
+
+# Mesh axes, outermost first; the rank is the row-major index over these degrees, so tp is
+# the fastest-varying axis (tensor-parallel ranks are neighbours, inside a node).
+MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+class Sharding(str, Enum):
+    """How data-parallel ranks hold parameters, gradients and optimizer state."""
+
+    none = "none"  # DDP: everything replicated, gradients allreduced
+    zero1 = "zero1"  # optimizer state sharded over dp
+    zero2 = "zero2"  # optimizer state and gradients sharded over dp
+    fsdp = "fsdp"  # everything sharded, parameters resharded after forward (FULL_SHARD)
+    fsdp_grad_op = "fsdp-grad-op"  # everything sharded, gathered parameters kept to backward
+    hsdp = "hsdp"  # fsdp inside a shard group of dp_shard ranks, replicated across groups
+
+
+class Recompute(str, Enum):
+    """Activation recompute levels, least memory-saving first."""
+
+    none = "none"  # keep every activation
+    selective = "selective"  # recompute the attention core only (Korthikanti et al. 2022)
+    full = "full"  # keep only each block's input; recompute the block in backward
+
+
+class Schedule(str, Enum):
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"
+    interleaved_1f1b = "interleaved-1f1b"
+
+
+class Communicator(str, Enum):
+    dp = "dp"
+    tp = "tp"
+    pp = "pp"
+    cp = "cp"
+
+
+class Mesh(Spec):
+    """Degrees of the mesh axes, in the fixed order pp, dp_replicate, dp_shard, cp, tp."""
+
+    pp: PosInt = 1
+    dp_replicate: PosInt = 1
+    dp_shard: PosInt = 1
+    cp: PosInt = 1
+    tp: PosInt = 1
+
+    @property
+    def degrees(self) -> tuple[int, ...]:
+        return tuple(getattr(self, a) for a in MESH_AXES)
+
+    @property
+    def world_size(self) -> int:
+        n = 1
+        for d in self.degrees:
+            n *= d
+        return n
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+
+class StageAssignment(Spec):
+    """One (virtual) pipeline stage: layers [first_layer, last_layer) on pipeline rank pp_rank."""
+
+    pp_rank: int = Field(ge=0)
+    virtual_index: int = Field(0, ge=0, description="Chunk index on that rank (interleaved schedules).")
+    first_layer: int = Field(ge=0)
+    last_layer: int = Field(ge=0, description="Exclusive.")
+    embedding: bool = False
+    head: bool = False
+
+
+class Pipeline(Spec):
+    schedule: Schedule | None = Field(None, description="None when pp == 1.")
+    virtual_stages: PosInt = Field(1, description="Model chunks per pipeline rank (interleaved 1F1B).")
+    stages: list[StageAssignment] = Field(default_factory=list, description="In model order.")
+
+
+class ShardingOptions(Spec):
+    kind: Sharding = Sharding.none
+    shard_group_size: PosInt = Field(1, description="Ranks that shard one replica (= dp_shard).")
+    reshard_after_forward: bool = True
+    backward_prefetch: Literal["none", "backward_pre", "backward_post"] = "backward_pre"
+    limit_all_gathers: bool = True
+    ddp_bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).")
+
+
+class CollectiveChoice(Spec):
+    """The collective one communicator runs, and how: its size and where its ranks sit."""
+
+    op: Literal["allreduce", "reduce_scatter+all_gather", "send_recv", "all_gather"]
+    algorithm: Algorithm
+    ranks: PosInt
+    nodes_spanned: PosInt
+    bytes_per_step: float = Field(ge=0)
+
+
+class Collectives(Spec):
+    library: str
+    communicators: dict[Communicator, CollectiveChoice] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, description="Set before the process group starts.")
+
+
+class StepTimeBreakdown(Spec):
+    compute_s: float
+    bubble_s: float
+    optimizer_s: float
+    exposed_comm_s: dict[Communicator, float]
+
+
+class MemoryBreakdown(Spec):
+    parameters_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    buffers_gib: float
+    reserve_gib: float
+
+
+class Prediction(Spec):
+    step_time_s: float
+    step_time: StepTimeBreakdown
+    memory_gib_per_device: float
+    memory: MemoryBreakdown
+    fits: bool
+    tokens_per_s: float
+    model_tflops_per_device: float
+    hardware_tflops_per_device: float
+    mfu: float
+    time_to_train_days: float
+
+
+class Provenance(Spec):
+    exaplan_version: str
+    cost_model_version: str
+    command: str = Field(description="Regenerates this plan.")
+    content_hash: str = Field("", description="sha256 of the plan without this field; checked on load.")
+
+
+class Plan(Spec):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model: ModelSpec
+    machine: MachineModel
+    job: TrainingJob
+    nodes: PosInt
+    ranks_per_node: PosInt
+    mesh: Mesh
+    micro_batch_size: PosInt
+    grad_accumulation_steps: PosInt
+    sequence_parallel: bool = False
+    pipeline: Pipeline = Field(default_factory=Pipeline)
+    sharding: ShardingOptions = Field(default_factory=ShardingOptions)
+    recompute: Recompute = Recompute.none
+    compile: bool = False
+    collectives: Collectives
+    prediction: Prediction
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Plan":
+        problems = plan_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def placement(self, rank: int) -> tuple[int, int]:
+        """(node, local device) of a global rank: ranks fill nodes in order."""
+        return divmod(rank, self.ranks_per_node)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Mesh coordinates of a global rank (row-major over MESH_AXES, tp fastest)."""
+        out: dict[str, int] = {}
+        for axis, degree in reversed(list(zip(MESH_AXES, self.mesh.degrees))):
+            rank, out[axis] = divmod(rank, degree)
+        return {a: out[a] for a in MESH_AXES}
+
+
+def plan_problems(plan: Plan) -> list[str]:
+    """Every inconsistency between the parts of a plan (empty when it is legal)."""
+    p: list[str] = []
+    m, mesh, model = plan, plan.mesh, plan.model
+    if mesh.world_size != m.nodes * m.ranks_per_node:
+        p.append(f"mesh: degrees multiply to {mesh.world_size}, but nodes x ranks_per_node = {m.nodes * m.ranks_per_node}")
+    if m.ranks_per_node != m.machine.devices_per_node:
+        p.append(f"ranks_per_node ({m.ranks_per_node}) != machine.devices_per_node ({m.machine.devices_per_node})")
+    for name, size in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn_hidden", model.ffn_hidden)):
+        if size % mesh.tp:
+            p.append(f"mesh.tp: {mesh.tp} does not divide model.{name} ({size})")
+    if m.job.seq_len % (2 * mesh.cp) and mesh.cp > 1:
+        p.append(f"mesh.cp: 2 x cp ({2 * mesh.cp}) must divide job.seq_len ({m.job.seq_len})")
+    if m.micro_batch_size * m.grad_accumulation_steps * mesh.dp != m.job.global_batch:
+        p.append(
+            f"micro_batch_size x grad_accumulation_steps x dp = {m.micro_batch_size} x "
+            f"{m.grad_accumulation_steps} x {mesh.dp} != job.global_batch ({m.job.global_batch})"
+        )
+    if m.sequence_parallel and mesh.tp == 1:
+        p.append("sequence_parallel: needs tp > 1")
+    kind = m.sharding.kind
+    if kind in (Sharding.none,) and mesh.dp_shard != 1:
+        p.append("sharding.kind none (DDP) needs dp_shard == 1: data parallelism is dp_replicate")
+    if kind in (Sharding.zero1, Sharding.zero2, Sharding.fsdp, Sharding.fsdp_grad_op) and mesh.dp_replicate != 1:
+        p.append(f"sharding.kind {kind.value} shards over all data-parallel ranks: needs dp_replicate == 1")
+    if kind == Sharding.hsdp and (mesh.dp_shard < 2 or mesh.dp_replicate < 2):
+        p.append("sharding.kind hsdp needs dp_shard >= 2 and dp_replicate >= 2")
+    if m.sharding.shard_group_size != mesh.dp_shard:
+        p.append(f"sharding.shard_group_size ({m.sharding.shard_group_size}) != mesh.dp_shard ({mesh.dp_shard})")
+    p += _pipeline_problems(plan)
+    return p
+
+
+def _pipeline_problems(plan: Plan) -> list[str]:
+    p: list[str] = []
+    pipe, pp = plan.pipeline, plan.mesh.pp
+    if pp == 1:
+        if pipe.schedule is not None or pipe.virtual_stages != 1:
+            p.append("pipeline: pp == 1 takes no schedule and one virtual stage")
+        return p
+    if pipe.schedule is None:
+        p.append("pipeline.schedule: needed when pp > 1")
+    if pipe.virtual_stages > 1 and pipe.schedule != Schedule.interleaved_1f1b:
+        p.append("pipeline.virtual_stages > 1 needs the interleaved-1f1b schedule")
+    if pipe.schedule == Schedule.interleaved_1f1b and plan.grad_accumulation_steps % pp:
+        p.append(f"interleaved-1f1b needs grad_accumulation_steps ({plan.grad_accumulation_steps}) divisible by pp ({pp})")
+    n = pp * pipe.virtual_stages
+    if len(pipe.stages) != n:
+        p.append(f"pipeline.stages: {len(pipe.stages)} given, pp x virtual_stages = {n}")
+        return p
+    layer = 0
+    for i, st in enumerate(pipe.stages):
+        if st.pp_rank != i % pp or st.virtual_index != i // pp:
+            p.append(f"pipeline.stages[{i}]: must sit on pp rank {i % pp}, chunk {i // pp}")
+        if st.first_layer != layer or st.last_layer < st.first_layer:
+            p.append(f"pipeline.stages[{i}]: layers must continue from {layer}")
+        layer = st.last_layer
+        if st.embedding != (i == 0) or st.head != (i == n - 1):
+            p.append(f"pipeline.stages[{i}]: embedding goes on the first stage, head on the last")
+    if layer != plan.model.layers:
+        p.append(f"pipeline.stages: cover {layer} layers, the model has {plan.model.layers}")
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------
+
+
+def content_hash(plan: Plan) -> str:
+    """sha256 over the canonical JSON of the plan with an empty content_hash."""
+    body = plan.model_dump(mode="json")
+    body["provenance"]["content_hash"] = ""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def seal(plan: Plan) -> Plan:
+    """Return the plan with its content hash filled in."""
+    plan = plan.model_copy(deep=True)
+    plan.provenance.content_hash = content_hash(plan)
+    return plan
+
+
+def dumps_plan(plan: Plan, fmt: str = "yaml") -> str:
+    """Serialise a sealed plan; YAML starts with a comment naming the regenerating command."""
+    plan = seal(plan)
+    body = plan.model_dump(mode="json")
+    if fmt == "json":
+        return json.dumps(body, indent=2) + "\n"
+    header = (
+        f"# exaplan plan (schema {SCHEMA_VERSION}) for {plan.model.name} on {plan.nodes} x {plan.machine.name}\n"
+        f"# Regenerate with: {plan.provenance.command}\n"
+    )
+    return header + yaml.safe_dump(body, sort_keys=False, width=100)
+
+
+def write_plan(plan: Plan, path: str | Path, fmt: str | None = None) -> None:
+    """Write atomically (temporary name, then rename): nothing half-written on failure."""
+    path = Path(path)
+    fmt = fmt or ("json" if path.suffix == ".json" else "yaml")
+    text = dumps_plan(plan, fmt)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and check a plan file: schema, consistency and content hash."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PlanError(f"cannot read plan file: {e.strerror}", field=str(path)) from None
+    try:
+        data = yaml.safe_load(text)  # JSON is YAML
+    except yaml.YAMLError as e:
+        raise PlanError(f"malformed YAML/JSON: {str(e).splitlines()[0]}", field=str(path)) from None
+    if not isinstance(data, dict):
+        raise PlanError("not a plan (expected a mapping at the top level)", field=str(path))
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise PlanError(f"schema_version {version!r} is not supported (this exaplan reads {SCHEMA_VERSION})", field=str(path))
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as e:
+        raise PlanError(format_validation_error(e), field=str(path)) from None
+    expected = content_hash(plan)
+    if plan.provenance.content_hash != expected:
+        raise PlanError(
+            "content hash does not match: the plan was edited after it was made "
+            "(regenerate it with the command in its header)",
+            field=str(path),
+        )
+    return plan
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per problem, each naming its dotted field path."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        loc = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(lines)

@@ -1,0 +1,1 @@
+"""Layout search: stage partitioning and (elsewhere) the parallel-layout search."""

@@ -1,0 +1,91 @@
+"""Every legal layout of a job on a machine, generated as arrays.
+
+Legal means: pp x dp x cp x tp = world size; tp divides heads, kv_heads and ffn_hidden;
+2 cp divides the sequence (ring attention splits it into 2 cp chunks); pp <= layers;
+mbs x gas x dp = global batch (never changed); a pipeline has gas >= pp micro-batches
+(interleaved 1F1B: a multiple of pp, and pp x v <= layers); sharding over dp_shard x cp
+ranks; HSDP groups of every size G with 2 <= G and dp / G >= 2; sequence parallelism only
+with tp > 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.cost.layout import SC_1F1B, SC_GPIPE, SC_INTERLEAVED, SC_NONE, SH_HSDP, SH_NONE, SHARDINGS, Layouts, Space
+from planner.specs import ModelSpec, TrainingJob, divisors
+
+MAX_VIRTUAL_STAGES = 8
+
+
+def tp_options(model: ModelSpec, world: int) -> list[int]:
+    return [t for t in divisors(world) if model.heads % t == 0 and model.kv_heads % t == 0 and model.ffn_hidden % t == 0]
+
+
+def cp_options(job: TrainingJob, rest: int) -> list[int]:
+    return [c for c in divisors(rest) if c == 1 or job.seq_len % (2 * c) == 0]
+
+
+def pipeline_options(layers: int, pp: int, gas: int) -> list[tuple[int, int]]:
+    """(schedule code, virtual stages) pairs legal for pp and gas micro-batches."""
+    if pp == 1:
+        return [(SC_NONE, 1)]
+    if gas < pp:
+        return []
+    out = [(SC_GPIPE, 1), (SC_1F1B, 1)]
+    if gas % pp == 0:
+        out += [(SC_INTERLEAVED, v) for v in range(2, MAX_VIRTUAL_STAGES + 1) if pp * v <= layers]
+    return out
+
+
+def sharding_options(dp: int, cp: int) -> list[tuple[int, int, int]]:
+    """(sharding code, dp_replicate, dp_shard) for dp data-parallel ranks."""
+    if dp * cp == 1:
+        return [(SH_NONE, 1, 1)]
+    out = [(SH_NONE, dp, 1)]
+    out += [(code, 1, dp) for code in range(1, len(SHARDINGS)) if code != SH_HSDP]
+    out += [(SH_HSDP, dp // g, g) for g in divisors(dp) if 2 <= g and dp // g >= 2]
+    return out
+
+
+def enumerate_space(model: ModelSpec, job: TrainingJob, world: int) -> Space:
+    """All legal layouts for `world` ranks (possibly none), in factored form."""
+    units: list[tuple[int, ...]] = []  # pp, dp_replicate (= dp), cp, tp, mbs, vpp, recompute, sp, gas
+    meshes: list[tuple[int, ...]] = []  # pp, dp_replicate, dp_shard, cp, tp, sharding
+    rows: list[np.ndarray] = []  # unit, mesh, gas, schedule
+    for tp in tp_options(model, world):
+        sps = (0, 1) if tp > 1 else (0,)
+        for cp in cp_options(job, world // tp):
+            for pp in divisors(world // (tp * cp)):
+                dp = world // (tp * cp * pp)
+                if pp > model.layers or job.global_batch % dp:
+                    continue
+                first_mesh = len(meshes)
+                meshes += [(pp, rep, shard, cp, tp, code) for code, rep, shard in sharding_options(dp, cp)]
+                mesh_ids = np.arange(first_mesh, len(meshes))
+                runs = []  # (unit, gas, schedule) for this skeleton
+                for mbs in divisors(job.global_batch // dp):
+                    gas = job.global_batch // (dp * mbs)
+                    by_v: dict[int, int] = {}
+                    for schedule, v in pipeline_options(model.layers, pp, gas):
+                        if v not in by_v:
+                            by_v[v] = len(units)
+                            units += [(pp, dp, cp, tp, mbs, v, rc, sp, gas) for rc in range(3) for sp in sps]
+                        n_units = 3 * len(sps)
+                        runs += [(by_v[v] + j, gas, schedule) for j in range(n_units)]
+                if runs:
+                    r = np.asarray(runs, dtype=np.int64)
+                    rows.append(np.column_stack([np.repeat(r, len(mesh_ids), axis=0), np.tile(mesh_ids, len(r))]))
+    u = np.asarray(units, dtype=np.int64).reshape(-1, 9)
+    m = np.asarray(meshes, dtype=np.int64).reshape(-1, 6)
+    r = np.vstack(rows) if rows else np.zeros((0, 4), dtype=np.int64)
+    ones_u, ones_m = np.ones(len(u), np.int64), np.ones(len(m), np.int64)
+    unit_lay = Layouts(
+        pp=u[:, 0], dp_replicate=u[:, 1], dp_shard=ones_u, cp=u[:, 2], tp=u[:, 3], mbs=u[:, 4], gas=u[:, 8],
+        vpp=u[:, 5], schedule=ones_u * 0, sharding=ones_u * 0, recompute=u[:, 6], sp=u[:, 7],
+    )
+    mesh_lay = Layouts(
+        pp=m[:, 0], dp_replicate=m[:, 1], dp_shard=m[:, 2], cp=m[:, 3], tp=m[:, 4], mbs=ones_m, gas=ones_m,
+        vpp=ones_m, schedule=ones_m * 0, sharding=m[:, 5], recompute=ones_m * 0, sp=ones_m * 0,
+    )
+    return Space(unit_lay, mesh_lay, unit=r[:, 0], mesh=r[:, 3], gas=r[:, 1], schedule=r[:, 2])

@@ -1,0 +1,194 @@
+"""Pipeline stage assignment: contiguous min-max partitions of layers into stages.
+
+Two tools:
+
+* `balanced_split` / `min_max_stage_cost`: an exact dynamic programme (vectorised with numpy,
+  memoised) for the unconstrained problem. Cheap enough for search inner loops.
+* `assign_stages`: the same problem with per-stage memory caps and embedding/head extras on the
+  first/last stage, solved with OR-Tools CP-SAT. Use it on the finalists of a search.
+
+For interleaved pipelines callers pass ``num_stages = pp * virtual_stages``; virtual stage ``i``
+runs on pp rank ``i % pp``. Nothing here depends on that mapping.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from planner.errors import PlanError
+
+_RESOLUTION = 1_000_000  # integer units per total (cost or memory) in the CP-SAT model
+
+
+@dataclass
+class StageSolution:
+    """Result of `assign_stages`. Costs and memory include the first/last-stage extras."""
+
+    ranges: list[tuple[int, int]]
+    stage_costs: list[float]
+    stage_memory: list[float]
+    max_cost: float
+    optimal: bool  # proven optimal (by the DP shortcut or CP-SAT)
+    feasible: bool  # False: memory caps cannot be met (or no solution within the time limit)
+    status: str = ""  # "dp", or the CP-SAT status name
+
+
+def _check(n: int, num_stages: int) -> None:
+    if n < 1:
+        raise PlanError("need at least one layer", "layers")
+    if not 1 <= num_stages <= n:
+        raise PlanError(f"num_stages={num_stages} must be between 1 and the number of layers ({n})",
+                        "num_stages")
+
+
+@lru_cache(maxsize=4096)
+def _dp(costs: tuple[float, ...], num_stages: int) -> tuple[float, tuple[tuple[int, int], ...]]:
+    """f[k][j] = min over i<j of max(f[k-1][i], sum(costs[i:j])); O(S*L^2) numpy work."""
+    n = len(costs)
+    _check(n, num_stages)
+    p = np.concatenate(([0.0], np.cumsum(np.asarray(costs, dtype=float))))
+    seg = p[None, :] - p[:, None]  # seg[i, j] = sum(costs[i:j])
+    invalid = np.tril(np.ones((n + 1, n + 1), dtype=bool))  # i >= j: empty stage
+    f = np.full(n + 1, np.inf)
+    f[0] = 0.0
+    back = []
+    for _ in range(num_stages):
+        cand = np.maximum(f[:, None], seg)
+        cand[invalid] = np.inf
+        back.append(np.argmin(cand, axis=0))
+        f = cand[back[-1], np.arange(n + 1)]
+    ranges, j = [], n
+    for k in range(num_stages - 1, -1, -1):
+        i = int(back[k][j])
+        ranges.append((i, j))
+        j = i
+    return float(f[n]), tuple(reversed(ranges))
+
+
+def balanced_split(costs: Sequence[float], num_stages: int) -> list[tuple[int, int]]:
+    """Split items (in order) into exactly `num_stages` non-empty contiguous [start, end)
+    ranges minimising the largest range sum. Exact; memoised on (costs, num_stages)."""
+    return list(_dp(tuple(float(c) for c in costs), int(num_stages))[1])
+
+
+def min_max_stage_cost(costs: Sequence[float], num_stages: int) -> float:
+    """The optimum of `balanced_split`: the smallest achievable maximum stage cost."""
+    return _dp(tuple(float(c) for c in costs), int(num_stages))[0]
+
+
+def _per_stage(value: float | Sequence[float], num_stages: int) -> list[float]:
+    if isinstance(value, (int, float)):
+        return [float(value)] * num_stages
+    vals = [float(v) for v in value]
+    if len(vals) != num_stages:
+        raise PlanError(f"{len(vals)} memory caps for {num_stages} stages", "memory_cap")
+    return vals
+
+
+def assign_stages(layer_costs: Sequence[float], layer_memory: Sequence[float], num_stages: int,
+                  memory_cap: float | Sequence[float], first_extra_cost: float = 0,
+                  last_extra_cost: float = 0, first_extra_memory: float = 0,
+                  last_extra_memory: float = 0, time_limit_s: float = 5.0,
+                  use_dp_shortcut: bool = True) -> StageSolution:
+    """Assign L layers (in order, contiguous, each stage non-empty) to S stages, minimising the
+    slowest stage subject to per-stage memory caps. Stage 0 also carries the embedding
+    (``first_extra_*``), stage S-1 the output head (``last_extra_*``); with S == 1 both.
+
+    CP-SAT model (costs and memory scaled to integers, 1e6 units per total; prefix sums are
+    rounded, so each stage sum is within one unit, i.e. ~1e-6 relative, of the float value, and
+    caps hold to that tolerance):
+
+    * variables: boundaries ``b[0..S]`` with ``b[0] = 0``, ``b[S] = L``, ``b[s] + 1 <= b[s+1]``
+      (stage s holds layers ``[b[s], b[s+1])``); ``C[s] = Pc[b[s]]`` and ``M[s] = Pm[b[s]]``
+      via element constraints over the integer prefix sums Pc (cost) and Pm (memory); ``z``.
+    * constraints: ``C[s+1] - C[s] + extra_cost[s] <= z`` and
+      ``M[s+1] - M[s] + extra_mem[s] <= cap[s]`` for every stage with a finite cap.
+    * objective: minimise ``z``. ``z >= `` the integer DP optimum (a valid lower bound, since
+      memory caps only remove splits); the DP split is given as a hint.
+
+    Because the extras always sit on the first and last layer's stage, the unconstrained problem
+    equals `balanced_split` on costs with the extras folded into the first/last layer. If that
+    split already meets the caps it is optimal and returned without CP-SAT (``status="dp"``;
+    disable with ``use_dp_shortcut=False``). With loose caps CP-SAT reaches the same optimum as
+    the DP (to the 1e-6 scaling), which tests/test_stages.py checks.
+
+    Never raises for infeasible caps: returns ``feasible=False`` with the unconstrained DP split
+    (also when CP-SAT finds no solution within ``time_limit_s``; see ``status``).
+    """
+    from ortools.sat.python import cp_model
+
+    costs = [float(c) for c in layer_costs]
+    mem = [float(m) for m in layer_memory]
+    n, S = len(costs), int(num_stages)
+    _check(n, S)
+    if len(mem) != n:
+        raise PlanError(f"{len(mem)} memory entries for {n} layers", "layer_memory")
+    caps = _per_stage(memory_cap, S)
+    xc = [0.0] * S
+    xm = [0.0] * S
+    xc[0] += first_extra_cost
+    xc[-1] += last_extra_cost
+    xm[0] += first_extra_memory
+    xm[-1] += last_extra_memory
+
+    def solution(ranges, optimal, feasible, status):
+        sc = [math.fsum(costs[a:b]) + xc[s] for s, (a, b) in enumerate(ranges)]
+        sm = [math.fsum(mem[a:b]) + xm[s] for s, (a, b) in enumerate(ranges)]
+        return StageSolution(list(ranges), sc, sm, max(sc), optimal, feasible, status)
+
+    folded = list(costs)
+    folded[0] += first_extra_cost
+    folded[-1] += last_extra_cost
+    dp_ranges = balanced_split(folded, S)
+    dp_sol = solution(dp_ranges, False, False, "")
+    if use_dp_shortcut and all(m <= c for m, c in zip(dp_sol.stage_memory, caps)):
+        dp_sol.optimal = dp_sol.feasible = True
+        dp_sol.status = "dp"
+        return dp_sol
+
+    sc_ = _RESOLUTION / max(math.fsum(costs) + sum(xc), 1e-300)
+    finite = [c for c in caps if math.isfinite(c)]
+    sm_ = _RESOLUTION / max(math.fsum(mem) + sum(xm), *finite, 1e-300)
+    pc = [round(v * sc_) for v in np.concatenate(([0.0], np.cumsum(costs)))]
+    pm = [round(v * sm_) for v in np.concatenate(([0.0], np.cumsum(mem)))]
+    ifc, ilc = round(first_extra_cost * sc_), round(last_extra_cost * sc_)
+    ixc = [(ifc if s == 0 else 0) + (ilc if s == S - 1 else 0) for s in range(S)]
+    ixm = [round(v * sm_) for v in xm]
+    item = [pc[i + 1] - pc[i] for i in range(n)]
+    item[0] += ifc
+    item[-1] += ilc
+    lower = int(round(min_max_stage_cost(item, S)))  # exact: integers well below 2**53
+
+    m = cp_model.CpModel()
+    b = [m.NewConstant(0)] + [m.NewIntVar(s, n - S + s, f"b{s}") for s in range(1, S)]
+    b.append(m.NewConstant(n))
+    C = [m.NewIntVar(0, pc[-1], f"C{s}") for s in range(S + 1)]
+    M = [m.NewIntVar(min(pm), max(pm), f"M{s}") for s in range(S + 1)]
+    z = m.NewIntVar(lower, pc[-1] + sum(ixc), "z")
+    for s in range(S + 1):
+        m.AddElement(b[s], pc, C[s])
+        m.AddElement(b[s], pm, M[s])
+    for s in range(S):
+        m.Add(b[s] + 1 <= b[s + 1])
+        m.Add(C[s + 1] - C[s] + ixc[s] <= z)
+        if math.isfinite(caps[s]):
+            m.Add(M[s + 1] - M[s] + ixm[s] <= round(caps[s] * sm_))
+    for s in range(1, S):
+        m.AddHint(b[s], dp_ranges[s][0])
+    m.Minimize(z)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 2
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    st = solver.Solve(m)
+    name = solver.StatusName(st)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        dp_sol.status = name
+        return dp_sol
+    bounds = [solver.Value(v) for v in b]
+    return solution(list(zip(bounds[:-1], bounds[1:])), st == cp_model.OPTIMAL, True, name)

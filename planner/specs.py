@@ -1,0 +1,211 @@
+"""Input specs: the model (application), the machine (system) and the training job.
+
+Three inputs kept apart, as in Calculon: cost is a pure function of (model, machine, job,
+layout). Every figure carries its unit in its name; every model forbids unknown fields.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.vocab import VOCAB_SIZE
+
+PosInt = Annotated[int, Field(gt=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+class Spec(BaseModel):
+    """Base of every spec: strict about unknown fields, validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+
+
+class ModelSpec(Spec):
+    """A dense decoder-only transformer (Llama-style protein LM by default)."""
+
+    name: str = Field("custom", description="Preset or user name of the model.")
+    layers: PosInt = Field(description="Number of transformer blocks.")
+    hidden: PosInt = Field(description="Model width d (residual stream size).")
+    heads: PosInt = Field(description="Attention (query) heads.")
+    kv_heads: PosInt = Field(description="Key/value heads (grouped-query attention); = heads for MHA.")
+    ffn_hidden: PosInt = Field(description="Inner width of the MLP.")
+    vocab_size: PosInt = Field(VOCAB_SIZE, description="Vocabulary size (protein: 31 tokens).")
+    seq_len: PosInt = Field(description="Default training sequence length in tokens.")
+    activation: Literal["gelu", "swiglu"] = Field("swiglu", description="MLP activation.")
+    norm: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="Normalisation layer.")
+    position: Literal["rope", "learned"] = Field("rope", description="Position encoding.")
+    tied_embeddings: bool = Field(False, description="Share the input embedding and output head.")
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> "ModelSpec":
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+# --------------------------------------------------------------------------------------------
+# Machine
+# --------------------------------------------------------------------------------------------
+
+
+class Precision(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class CollectiveLibrary(str, Enum):
+    nccl = "nccl"
+    rccl = "rccl"
+    oneccl = "oneccl"
+    gloo = "gloo"
+
+
+class Algorithm(str, Enum):
+    """Collective algorithms the cost model knows (alpha-beta costs in planner.cost.comm)."""
+
+    ring = "ring"
+    tree = "tree"  # double binary tree
+    rabenseifner = "rabenseifner"  # recursive halving reduce-scatter + doubling all-gather
+    hierarchical = "hierarchical"  # inside the node, then across nodes, then inside again
+
+
+ALGORITHM_ORDER = [a.value for a in Algorithm]
+
+
+class TopologyKind(str, Enum):
+    single_node = "single-node"
+    fat_tree = "fat-tree"  # full bisection between nodes
+    dragonfly = "dragonfly"  # groups of nodes; global links may be tapered
+
+
+class MatmulEfficiency(Spec):
+    """Achievable fraction of peak for a matrix multiply of a given size.
+
+    eff(d) = peak_fraction * d / (d + half_dim), with d the geometric mean (M*N*K)^(1/3) of
+    the GEMM's dimensions: a saturating curve (small per-rank shapes from high TP or small
+    micro-batches run less efficiently), two physical figures per device kind.
+    """
+
+    peak_fraction: Fraction = Field(0.8, description="Efficiency reached by very large GEMMs.")
+    half_dim: float = Field(256.0, ge=0, description="GEMM size d at which half of peak_fraction is reached.")
+
+
+class Overlap(Spec):
+    """Fractions of communication hidden behind computation (fitted per device kind)."""
+
+    dp: Fraction = Field(0.9, description="Of data-parallel/FSDP traffic hidden behind backward (and forward) compute.")
+    tp: Fraction = Field(0.0, description="Of tensor-parallel traffic hidden (0 unless the framework overlaps it).")
+    pp: Fraction = Field(0.5, description="Of pipeline point-to-point traffic hidden.")
+    cp: Fraction = Field(0.8, description="Of context-parallel (ring attention) traffic hidden behind attention.")
+
+
+class MachineModel(Spec):
+    """A machine: nodes of identical devices, an intra-node fabric and NICs into a fabric."""
+
+    name: str = Field("custom", description="Machine name.")
+    description: str = Field("", description="Free text: where the figures come from.")
+    device_name: str = Field(description="Device kind (e.g. 'NVIDIA H100 80GB SXM'); efficiency figures are per kind.")
+    devices_per_node: PosInt = Field(description="Ranks per node: a GPU, or a tile/GCD where each runs its own rank.")
+    device_memory_gib: PosFloat = Field(description="Memory per device (GiB).")
+    peak_tflops: dict[Precision, PosFloat] = Field(description="Peak dense TFLOP/s per device for each precision.")
+    matmul_efficiency: MatmulEfficiency = Field(default_factory=MatmulEfficiency)
+    attention_efficiency_factor: Fraction = Field(
+        0.8, description="Attention-core efficiency relative to a GEMM of the same size (flash kernels)."
+    )
+    memory_bandwidth_gbps: PosFloat = Field(description="Device memory bandwidth (GB/s) for elementwise ops and the optimizer.")
+    flash_attention: bool = Field(True, description="Fused attention that never stores the s x s scores.")
+    intra_node_bandwidth_gbps: PosFloat = Field(description="Intra-node fabric bandwidth per device per direction (GB/s).")
+    intra_node_latency_us: PosFloat = Field(description="Latency of one intra-node message (microseconds).")
+    nics_per_node: PosInt = Field(description="Network interfaces per node.")
+    nic_gbps: PosFloat = Field(description="Bandwidth per NIC per direction (Gbit/s).")
+    inter_node_latency_us: PosFloat = Field(description="Latency of one inter-node message (microseconds).")
+    topology: TopologyKind = Field(TopologyKind.fat_tree, description="Kind of inter-node fabric.")
+    global_bandwidth_taper: Fraction = Field(
+        1.0, description="Fraction of injection bandwidth available between dragonfly groups (1 = full)."
+    )
+    nodes_per_group: PosInt = Field(128, description="Nodes per dragonfly group (or leaf switch).")
+    network_efficiency: Fraction = Field(0.85, description="Achievable fraction of link bandwidth for collectives.")
+    collective_library: CollectiveLibrary = Field(description="nccl, rccl, oneccl or gloo.")
+    algorithms: list[Algorithm] = Field(description="Allreduce algorithms the library can be told to use.")
+    nodes: PosInt = Field(description="Nodes in the whole system.")
+    overlap: Overlap = Field(default_factory=Overlap)
+    memory_reserve_gib: float = Field(2.0, ge=0, description="Per device: runtime context, workspace (GiB).")
+    fragmentation_fraction: Fraction = Field(0.1, description="Extra fraction of allocated memory lost to fragmentation.")
+    calibrated: bool = Field(False, description="True when the efficiency figures were measured or fitted.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MachineModel":
+        if not self.algorithms:
+            raise ValueError("algorithms: the collective library must offer at least one algorithm")
+        if self.collective_library == CollectiveLibrary.gloo and len(self.algorithms) > 1:
+            raise ValueError("algorithms: gloo has no user-selectable algorithm; list exactly one")
+        if Precision.fp32 not in self.peak_tflops:
+            raise ValueError("peak_tflops: must give fp32 (the fallback precision)")
+        return self
+
+    @property
+    def node_injection_gbps(self) -> float:
+        """Bytes/s a node can send into the fabric (GB/s), all NICs together."""
+        return self.nics_per_node * self.nic_gbps / 8.0
+
+    def peak_flops(self, precision: Precision) -> float:
+        """Peak dense FLOP/s per device at this precision (falls back to fp32 if absent)."""
+        tf = self.peak_tflops.get(Precision(precision), self.peak_tflops[Precision.fp32])
+        return tf * 1e12
+
+
+# --------------------------------------------------------------------------------------------
+# Training job
+# --------------------------------------------------------------------------------------------
+
+
+class Workload(str, Enum):
+    pretrain = "pretrain"
+    dpo = "dpo"  # preference tuning: arrives with the DPO issue; the schema keeps room for it
+
+
+class TrainingJob(Spec):
+    """What to train: batch held fixed, sequence length, precision, token budget."""
+
+    global_batch: PosInt = Field(description="Sequences per optimizer step; never changed by the search.")
+    seq_len: PosInt = Field(description="Tokens per sequence.")
+    precision: Precision = Field(Precision.bf16, description="Compute precision; accumulation and reduction are fp32.")
+    optimizer: Literal["adamw"] = Field("adamw", description="Optimizer (AdamW: two fp32 moments per parameter).")
+    workload: Workload = Field(Workload.pretrain, description="pretrain (dpo: a later issue).")
+    token_budget: float = Field(1e9, gt=0, description="Tokens to train on, for time-to-train.")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+def bytes_per_element(precision: Precision | str) -> int:
+    """Bytes of one activation or working-weight element at the compute precision."""
+    return 4 if Precision(precision) == Precision.fp32 else 2
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of n, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

@@ -1,0 +1,193 @@
+"""Machine models: presets load and validate, local detection, user files, clear errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+import machine_models.loader as loader
+from machine_models import detect_local_machine, list_machines, load_machine
+from planner.errors import PlanError
+from planner.specs import CollectiveLibrary, MachineModel, Precision, TopologyKind
+
+PRESETS = ["aurora", "alps", "frontier", "leonardo", "pdx", "dgx-a100-80gb", "dgx-h100"]
+
+# (devices per node, memory per device GiB, node injection GB/s, library) from seeds.md
+SEEDS = {
+    "aurora": (12, 64, 200, "oneccl"),
+    "alps": (4, 96, 100, "nccl"),
+    "frontier": (8, 64, 100, "rccl"),
+    "leonardo": (4, 64, 50, "nccl"),
+    "pdx": (8, 80, 400, "nccl"),
+}
+
+
+@pytest.fixture
+def no_local_file(monkeypatch, tmp_path):
+    """Point the calibrated-local file at a path that does not exist."""
+    monkeypatch.setattr(loader, "LOCAL_FILE", tmp_path / "local.yaml")
+
+
+def test_list_machines_has_every_preset_and_local():
+    names = list_machines()
+    assert set(PRESETS) <= set(names)
+    assert "local" in names
+    assert "device_kinds" not in names
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_loads_and_is_sane(name):
+    m = load_machine(name)
+    assert isinstance(m, MachineModel)
+    assert m.name == name
+    assert m.description, "every preset says where its figures come from"
+    assert not m.calibrated
+    bf16, fp32 = m.peak_flops(Precision.bf16), m.peak_flops(Precision.fp32)
+    assert 100e12 < bf16 < 2000e12 and fp32 < bf16
+    assert 1000 <= m.memory_bandwidth_gbps <= 5000
+    assert m.collective_library != CollectiveLibrary.gloo
+    assert m.intra_node_bandwidth_gbps * m.devices_per_node > m.node_injection_gbps
+    assert 0 < m.matmul_efficiency.peak_fraction < 1
+    if m.topology == TopologyKind.dragonfly:
+        assert m.global_bandwidth_taper < 1
+    assert m.model_dump() == MachineModel.model_validate(m.model_dump()).model_dump()
+
+
+@pytest.mark.parametrize("name", sorted(SEEDS))
+def test_seed_systems_match_seeds_table(name):
+    devices, memory_gib, injection_gbps, library = SEEDS[name]
+    m = load_machine(name)
+    assert m.devices_per_node == devices
+    assert m.device_memory_gib == memory_gib
+    assert m.node_injection_gbps == pytest.approx(injection_gbps)
+    assert m.collective_library.value == library
+
+
+def test_preset_files_start_with_a_source_comment():
+    for name in PRESETS:
+        text = (loader.PRESET_DIR / f"{name}.yaml").read_text()
+        assert text.startswith("#") and "Sources" in text, name
+
+
+def test_device_kind_figures_are_inherited_and_overridable(tmp_path):
+    kinds = yaml.safe_load(loader.DEVICE_KINDS_FILE.read_text())
+    for name in PRESETS:
+        m = load_machine(name)
+        assert m.device_name in kinds, f"{name}: device kind {m.device_name!r} has no efficiency figures"
+        assert m.matmul_efficiency.peak_fraction == kinds[m.device_name]["matmul_efficiency"]["peak_fraction"]
+    data = yaml.safe_load((loader.PRESET_DIR / "pdx.yaml").read_text())
+    data["overlap"] = {"dp": 0.5}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data))
+    m = load_machine(str(path))
+    assert m.overlap.dp == 0.5  # the file wins
+    assert m.overlap.cp == kinds["NVIDIA H100 SXM5"]["overlap"]["cp"]  # the rest from the kind
+
+
+def test_user_yaml_path(tmp_path):
+    data = yaml.safe_load((loader.PRESET_DIR / "frontier.yaml").read_text())
+    data.pop("name")
+    data["nodes"] = 16
+    path = tmp_path / "my-cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    m = load_machine(str(path))
+    assert m.nodes == 16 and m.name == "my-cluster"
+    assert load_machine(path).nodes == 16  # a Path works too
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: broken\ndevices_per_node: 8\npeak_tflops: {bf16: 1, fp32: [\n")
+    with pytest.raises(PlanError) as err:
+        load_machine(str(path))
+    msg = str(err.value)
+    assert str(path) in msg and "malformed YAML" in msg and "line" in msg
+
+
+def test_misspelt_field_is_named_with_a_suggestion(tmp_path):
+    data = yaml.safe_load((loader.PRESET_DIR / "alps.yaml").read_text())
+    data["peak_tflop"] = data.pop("peak_tflops")
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(PlanError) as err:
+        load_machine(str(path))
+    msg = str(err.value)
+    assert str(path) in msg and "peak_tflop" in msg and "did you mean 'peak_tflops'" in msg
+
+
+def test_nested_misspelt_field_and_bad_value_are_named(tmp_path):
+    data = yaml.safe_load((loader.PRESET_DIR / "alps.yaml").read_text())
+    data["overlap"] = {"dpp": 0.5}
+    data["nodes"] = -3
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(PlanError) as err:
+        load_machine(str(path))
+    msg = str(err.value)
+    assert "overlap.dpp" in msg and "nodes" in msg
+
+
+def test_missing_file_and_unknown_name(tmp_path):
+    missing = tmp_path / "nowhere.yaml"
+    with pytest.raises(PlanError, match="cannot read machine file") as err:
+        load_machine(str(missing))
+    assert str(missing) in str(err.value)
+    with pytest.raises(PlanError, match="unknown machine 'frontierr'") as err:
+        load_machine("frontierr")
+    assert "frontier" in str(err.value)
+
+
+def test_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(PlanError, match="expected a mapping"):
+        load_machine(str(path))
+
+
+def test_local_detection_is_sane(no_local_file):
+    m = load_machine("local")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert m.devices_per_node == 2 and m.nodes == 1
+    assert m.topology == TopologyKind.single_node
+    assert m.collective_library == CollectiveLibrary.gloo and [a.value for a in m.algorithms] == ["ring"]
+    assert not m.flash_attention and not m.calibrated
+    assert 0.1 < m.device_memory_gib * 2 < 16384
+    # fp32 achieved at a 2048 GEMM ~ 65 GFLOP/s per core, split between the ranks
+    achieved = m.peak_flops(Precision.fp32) * loader._efficiency(m.matmul_efficiency, 2048)
+    assert achieved == pytest.approx(65e9 * cores / 2, rel=1e-6)
+    ratio = m.peak_flops(Precision.fp32) / m.peak_flops(Precision.bf16)
+    assert 100 < ratio < 400
+    assert m.intra_node_latency_us > 100  # gloo on loopback: milliseconds, not microseconds
+    assert m.overlap.dp < 0.5 and m.memory_reserve_gib < 1
+
+
+def test_local_honours_ranks(no_local_file):
+    two, four = load_machine("local"), load_machine("local", ranks=4)
+    assert four.devices_per_node == 4
+    assert four.device_memory_gib == pytest.approx(two.device_memory_gib / 2, rel=1e-3)
+    assert four.peak_flops(Precision.fp32) == pytest.approx(two.peak_flops(Precision.fp32) / 2)
+    assert detect_local_machine(3).devices_per_node == 3
+    with pytest.raises(PlanError, match="ranks"):
+        detect_local_machine(0)
+
+
+def test_calibrated_local_file_is_preferred(monkeypatch, tmp_path):
+    calibrated = detect_local_machine(2).model_copy(update={"calibrated": True, "description": "measured"})
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(calibrated.model_dump(mode="json")))
+    monkeypatch.setattr(loader, "LOCAL_FILE", path)
+    m = load_machine("local")
+    assert m.calibrated and m.description == "measured"
+    resplit = load_machine("local", ranks=4)
+    assert resplit.calibrated and resplit.devices_per_node == 4
+    assert resplit.peak_flops(Precision.fp32) == pytest.approx(m.peak_flops(Precision.fp32) / 2)
+
+
+def test_shipped_package_has_no_stray_local_file():
+    """local.yaml is written by a calibration on the user's machine, never shipped."""
+    tracked = Path(loader.PRESET_DIR / "local.yaml")
+    if tracked.exists():
+        assert yaml.safe_load(tracked.read_text()).get("calibrated") is True
