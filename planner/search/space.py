@@ -89,3 +89,31 @@ def enumerate_space(model: ModelSpec, job: TrainingJob, world: int) -> Space:
         vpp=ones_m, schedule=ones_m * 0, sharding=m[:, 5], recompute=ones_m * 0, sp=ones_m * 0,
     )
     return Space(unit_lay, mesh_lay, unit=r[:, 0], mesh=r[:, 3], gas=r[:, 1], schedule=r[:, 2])
+
+
+def layout_problems(model: ModelSpec, job: TrainingJob, world: int, lay: Layouts) -> list[str]:
+    """Why the single layout `lay` is not legal (empty when it is); each names its field."""
+    r = lay.row(0)
+    pp, cp, tp, dp = r["pp"], r["cp"], r["tp"], r["dp_replicate"] * r["dp_shard"]
+    out = []
+    if pp * dp * cp * tp != world:
+        out.append(f"degrees: pp x dp x cp x tp = {pp} x {dp} x {cp} x {tp} = {pp * dp * cp * tp}, but the world is {world} ranks")
+    for name in ("heads", "kv_heads", "ffn_hidden"):
+        if getattr(model, name) % tp:
+            out.append(f"tp: {tp} does not divide model.{name} ({getattr(model, name)})")
+    if cp > 1 and job.seq_len % (2 * cp):
+        out.append(f"cp: 2 x cp = {2 * cp} does not divide the sequence length {job.seq_len}")
+    if pp > model.layers:
+        out.append(f"pp: {pp} stages for {model.layers} layers")
+    if r["mbs"] * r["gas"] * dp != job.global_batch:
+        out.append(f"mbs: micro-batch {r['mbs']} x data-parallel {dp} does not divide global batch {job.global_batch}")
+    elif pp > 1 and (r["schedule"], r["vpp"]) not in pipeline_options(model.layers, pp, r["gas"]):
+        out.append(f"schedule: {r['gas']} micro-batches cannot run this schedule on {pp} stages with {r['vpp']} virtual stages "
+                   f"(needs at least pp micro-batches; interleaved needs a multiple of pp and pp x vpp <= layers)")
+    if r["sp"] and tp == 1:
+        out.append("sp: sequence parallelism needs tp > 1")
+    if r["sharding"] == SH_HSDP and (r["dp_shard"] < 2 or r["dp_replicate"] < 2):
+        out.append(f"shard_group: hsdp needs a shard group of at least 2 that divides dp ({dp}) at most dp/2")
+    if r["sharding"] != SH_NONE and dp * cp == 1:
+        out.append("shard: sharding needs more than one data-parallel (or cp) rank")
+    return out

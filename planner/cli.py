@@ -1,0 +1,324 @@
+"""exaplan: plan, estimate and explain parallel layouts for training protein language models.
+
+Every subcommand takes `--json` for scripts. Bad input: one message naming the field or the
+reason on stderr, exit code 2, nothing written. Heavy modules are imported inside each
+subcommand so that `exaplan --help` and `exaplan plan` start fast (and never import torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from planner.errors import PlanError
+
+EPILOG = """examples:
+  exaplan plan --model protein-3.5b --machine aurora --nodes 3200
+  exaplan plan --model protein-70b --machine frontier --nodes 64 --global-batch 512 --top 10 -o plan.yaml
+  exaplan plan --model protein-7b --machine dgx-h100 --nodes 16 --set machine.nic_gbps=800   # what if NICs were 2x?
+  exaplan estimate --model protein-3.5b --machine frontier --nodes 8 --tp 1 --pp 1 --dp 64 --mbs 8 \\
+      --global-batch 512 --shard zero1 --recompute none
+  exaplan explain plan.yaml
+  exaplan validate --published
+  exaplan schema plan
+"""
+
+SET_HELP = ("override a spec field by dotted path, repeatable: model.layers=96, model.vocab_size=51200, "
+            "machine.nics_per_node=4, machine.nic_gbps=400 (per NIC per direction, Gbit/s), "
+            "machine.overlap.dp=0.5 ... ")
+
+
+def _common(p: argparse.ArgumentParser, nodes_required: bool = False) -> None:
+    p.add_argument("--model", required=True, help="preset (protein-3.5b, protein-7b, protein-70b, protein-small, protein-tiny) or a ModelSpec YAML file")
+    p.add_argument("--machine", required=True, help="preset (aurora, alps, frontier, leonardo, pdx, dgx-a100-80gb, dgx-h100, local) or a MachineModel YAML file")
+    p.add_argument("--nodes", type=int, default=None if nodes_required else 1, required=nodes_required, help="nodes to use (default 1)")
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step, held fixed (default: 8 per rank, as in the seed runs)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="compute precision (default: bf16 on GPUs, fp32 on CPUs); accumulation and reduction are fp32")
+    p.add_argument("--token-budget", type=float, help="tokens to train on, for time-to-train (default 1e9)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="exaplan", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Config compiler for large-scale training of protein language models: searches every legal "
+                    "parallel layout (data, tensor+sequence, pipeline, context, ZeRO/FSDP/HSDP sharding, micro-batching, "
+                    "recompute, collective algorithms) with an analytical cost model and writes a plan file.")
+    from planner import __version__
+
+    ap.add_argument("--version", action="version", version=f"exaplan {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("plan", help="search all legal layouts, print the best, write the best plan",
+                       description="Search every legal layout of the job on the machine, rank by predicted step time "
+                                   "(then memory), print the top K and why the best won, and write the best plan.")
+    _common(p)
+    p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default plan.yaml; .json for JSON)")
+    p.add_argument("--no-write", action="store_true", help="print only; write no plan file")
+
+    e = sub.add_parser("estimate", help="predict one given layout",
+                       description="Predict step time, throughput and memory of one layout you give.")
+    _common(e, nodes_required=True)
+    e.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    e.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    e.add_argument("--dp", type=int, required=True, help="data-parallel degree (replicas x shards)")
+    e.add_argument("--cp", type=int, default=1, help="context-parallel degree")
+    e.add_argument("--mbs", type=int, required=True, help="micro-batch size (sequences)")
+    e.add_argument("--shard", choices=["none", "zero1", "zero2", "fsdp", "fsdp-grad-op", "hsdp"], default="none", help="sharding of model states over dp")
+    e.add_argument("--shard-group", type=int, help="hsdp shard-group size (default: the data-parallel ranks of one node)")
+    e.add_argument("--recompute", choices=["none", "selective", "full"], default="none", help="activation recompute")
+    e.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B when > 1)")
+    e.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b"], help="pipeline schedule (default 1f1b, or interleaved with --vpp > 1)")
+    e.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallelism (default on when tp > 1)")
+    e.add_argument("-o", "--output", help="also write this layout as a plan file")
+
+    x = sub.add_parser("explain", help="readable report of a plan file")
+    x.add_argument("plan", help="plan file (YAML or JSON)")
+    x.add_argument("--json", action="store_true", help="print the checked plan as JSON")
+
+    s = sub.add_parser("schema", help="print the JSON schema of the specs and the plan")
+    s.add_argument("which", nargs="?", choices=["model", "machine", "job", "plan", "all"], default="all")
+
+    v = sub.add_parser("validate", help="compare predictions with published training runs",
+                       description="Predict every published run in calibration-runs.md and print predicted vs published "
+                                   "with the error, its median and max, and leave-one-out errors.")
+    v.add_argument("--published", action="store_true", required=True, help="check against the published runs")
+    v.add_argument("--refit", action="store_true", help="refit the per-device-kind efficiency figures and save them")
+    v.add_argument("--json", action="store_true")
+
+    ls = sub.add_parser("list", help="list model and machine presets")
+    ls.add_argument("--json", action="store_true")
+    return ap
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def _inputs(args, world_nodes: int | None = None):
+    from machine_models import load_machine
+    from planner.inputs import apply_overrides, check_overrides, load_model, make_job, parse_override
+
+    overrides = [parse_override(o) for o in args.overrides]
+    check_overrides(overrides, ("model", "machine"))
+    model = apply_overrides(load_model(args.model), "model", overrides)
+    machine = apply_overrides(load_machine(args.machine), "machine", overrides)
+    if args.nodes is not None and args.nodes <= 0:
+        raise PlanError("must be a positive number of nodes", field="nodes")
+    world = args.nodes * machine.devices_per_node
+    job = make_job(model, machine, world, args.global_batch, args.seq_len, args.precision, args.token_budget)
+    return model, machine, job
+
+
+def _console(args):
+    from rich.console import Console
+
+    import shutil
+
+    width = shutil.get_terminal_size((140, 40)).columns if sys.stdout.isatty() else 140
+    return Console(stderr=False, highlight=False, width=max(width, 100))
+
+
+def cmd_plan(args) -> int:
+    from planner.emit import build_plan
+    from planner.plan import write_plan
+    from planner.report import breakdown_table, layout_label, memory_table, top_table, why_best
+    from planner.search.search import search
+
+    if args.top <= 0:
+        raise PlanError("must be at least 1", field="top")
+    model, machine, job = _inputs(args)
+    console = _console(args)
+    if args.json:
+        result = search(model, machine, job, args.nodes, top_k=args.top)
+    else:
+        with console.status(f"searching layouts of {model.name} on {args.nodes} x {machine.name} ..."):
+            result = search(model, machine, job, args.nodes, top_k=args.top)
+    lay, ev = result.layouts, result.evaluation
+    plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=shlex.join(["exaplan", *sys.argv[1:]]))
+    if not args.no_write:
+        write_plan(plan, args.output)
+    stats = dict(legal_layouts=result.total_layouts, layouts_scored=result.layouts_scored, fitting=result.fitting,
+                 search_seconds=round(result.seconds, 4), layouts_per_second=round(result.layouts_scored / max(result.seconds, 1e-9)))
+    if args.json:
+        out = dict(search=stats, world_size=result.world, global_batch=job.global_batch,
+                   top=[dict(layout=layout_label(lay, i), **_estimate_json(ev, i)) for i in range(len(lay))],
+                   why=why_best(lay, ev), plan_file=None if args.no_write else args.output, plan=plan.model_dump(mode="json"))
+        print(json.dumps(out, indent=2))
+        return 0
+    console.print(f"[b]{model.name}[/b] on {args.nodes} x {machine.name} = {result.world:,} ranks; global batch "
+                  f"{job.global_batch:,} x {job.seq_len} tokens, {job.precision.value}")
+    console.print(f"searched {result.total_layouts:,} legal layouts ({result.layouts_scored:,} with collective-algorithm "
+                  f"choices) in {result.seconds:.3f} s ({stats['layouts_per_second']:,.0f} /s); {result.fitting:,} fit in "
+                  f"{machine.device_memory_gib:g} GiB per device")
+    console.print(top_table(lay, ev, f"Top {len(lay)} layouts"))
+    console.print(why_best(lay, ev))
+    console.print(breakdown_table(ev, 0))
+    console.print(memory_table(ev, 0, machine.device_memory_gib))
+    env = " ".join(f"{k}={v!r}" for k, v in plan.collectives.env.items())
+    if env:
+        console.print(f"collective settings: {env}")
+    console.print(f"time to train {job.token_budget:.3g} tokens: {ev.time_to_train_days[0]:.2f} days")
+    if not args.no_write:
+        console.print(f"wrote {args.output}  (run `exaplan explain {args.output}` for the full report)")
+    return 0
+
+
+def _estimate_json(ev, i: int) -> dict:
+    gib = 2.0**30
+    return dict(
+        step_time_s=float(ev.step_time_s[i]), tokens_per_s=float(ev.tokens_per_s[i]),
+        model_tflops_per_device=float(ev.model_tflops_per_device[i]),
+        hardware_tflops_per_device=float(ev.hardware_tflops_per_device[i]), mfu=float(ev.mfu[i]),
+        memory_gib_per_device=float(ev.memory.total[i] / gib), fits=bool(ev.memory.fits[i]),
+        time_to_train_days=float(ev.time_to_train_days[i]),
+        breakdown=dict(
+            compute_s=float(ev.compute_s[i]), bubble_s=float(ev.bubble_s[i]), optimizer_s=float(ev.optimizer_s[i]),
+            exposed_dp_s=float(ev.dp_s[i]), exposed_tp_s=float(ev.tp_s[i]), exposed_pp_s=float(ev.pp_s[i]),
+            exposed_cp_s=float(ev.cp_s[i]),
+            parameters_gib=float(ev.memory.parameters[i] / gib), gradients_gib=float(ev.memory.gradients[i] / gib),
+            optimizer_gib=float(ev.memory.optimizer[i] / gib), activations_gib=float(ev.memory.activations[i] / gib),
+            buffers_gib=float(ev.memory.buffers[i] / gib), reserve_gib=float(ev.memory.reserve[i] / gib),
+        ),
+    )
+
+
+def _layout_from_args(args, machine) -> "object":
+    from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Layouts
+    from planner.plan import Recompute, Schedule, Sharding
+
+    for name in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
+        if getattr(args, name) <= 0:
+            raise PlanError("must be a positive integer", field=name)
+    kind = Sharding(args.shard)
+    dp_replicate, dp_shard = (args.dp, 1) if kind == Sharding.none else (1, args.dp)
+    if kind == Sharding.hsdp:
+        group = args.shard_group or max(min(args.dp, machine.devices_per_node // max(args.tp * args.cp, 1)), 2)
+        if args.dp % group:
+            raise PlanError(f"{group} does not divide dp ({args.dp})", field="shard_group")
+        dp_replicate, dp_shard = args.dp // group, group
+    elif args.shard_group is not None:
+        raise PlanError("only hsdp takes a shard group", field="shard_group")
+    if args.pp == 1:
+        if args.schedule or args.vpp != 1:
+            raise PlanError("a schedule or virtual stages need pp > 1", field="schedule")
+        schedule = None
+    else:
+        schedule = Schedule(args.schedule) if args.schedule else (Schedule.interleaved_1f1b if args.vpp > 1 else Schedule.one_f_one_b)
+    sp = args.sp if args.sp is not None else args.tp > 1
+    return Layouts(
+        pp=args.pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=args.cp, tp=args.tp, mbs=args.mbs,
+        gas=max(args.global_batch // max(args.dp * args.mbs, 1), 1) if args.global_batch else 1, vpp=args.vpp,
+        schedule=SCHEDULES.index(schedule), sharding=SHARDINGS.index(kind), recompute=RECOMPUTES.index(Recompute(args.recompute)),
+        sp=int(sp),
+    )
+
+
+def cmd_estimate(args) -> int:
+    from planner.cost.step import evaluate
+    from planner.emit import build_plan
+    from planner.plan import write_plan
+    from planner.report import breakdown_table, layout_label, memory_table
+    from planner.search.space import layout_problems
+
+    if args.global_batch is None:
+        args.global_batch = args.dp * args.mbs
+    model, machine, job = _inputs(args)
+    lay = _layout_from_args(args, machine)
+    problems = layout_problems(model, job, args.nodes * machine.devices_per_node, lay)
+    if problems:
+        raise PlanError("; ".join(problems))
+    ev = evaluate(model, machine, job, lay)
+    if args.output:
+        plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=shlex.join(["exaplan", *sys.argv[1:]]))
+        write_plan(plan, args.output)
+    if args.json:
+        print(json.dumps(dict(layout=layout_label(lay, 0), **_estimate_json(ev, 0)), indent=2))
+        return 0
+    console = _console(args)
+    console.print(f"[b]{model.name}[/b] on {args.nodes} x {machine.name}: {layout_label(lay, 0)}")
+    console.print(f"{ev.tokens_per_s[0]:,.0f} tokens/s, {ev.model_tflops_per_device[0]:.1f} model TFLOP/s per device "
+                  f"({ev.hardware_tflops_per_device[0]:.1f} hardware), MFU {ev.mfu[0]:.1%}, time to train "
+                  f"{job.token_budget:.3g} tokens {ev.time_to_train_days[0]:.2f} days")
+    console.print(breakdown_table(ev, 0))
+    console.print(memory_table(ev, 0, machine.device_memory_gib))
+    if args.output:
+        console.print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from planner.plan import load_plan
+    from planner.report import explain_plan
+
+    plan = load_plan(args.plan)
+    if args.json:
+        print(json.dumps(plan.model_dump(mode="json"), indent=2))
+        return 0
+    explain_plan(plan, _console(args))
+    return 0
+
+
+def cmd_schema(args) -> int:
+    from planner.plan import Plan
+    from planner.specs import MachineModel, ModelSpec, TrainingJob
+
+    classes = {"model": ModelSpec, "machine": MachineModel, "job": TrainingJob, "plan": Plan}
+    chosen = classes if args.which == "all" else {args.which: classes[args.which]}
+    out = {k: c.model_json_schema() for k, c in chosen.items()}
+    print(json.dumps(out if args.which == "all" else out[args.which], indent=2))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from planner import validate
+
+    rows = validate.validate_published(refit=args.refit) if "refit" in validate.validate_published.__code__.co_varnames else validate.validate_published()
+    if args.json:
+        print(json.dumps(validate.published_json(rows), indent=2))
+        return 0
+    validate.render_published(rows, _console(args))
+    return 0
+
+
+def cmd_list(args) -> int:
+    from machine_models import list_machines
+    from planner.cost.flops import total_params
+    from planner.presets import MODEL_PRESETS
+
+    if args.json:
+        print(json.dumps(dict(models=list(MODEL_PRESETS), machines=list_machines())))
+        return 0
+    console = _console(args)
+    for name, m in MODEL_PRESETS.items():
+        console.print(f"model   {name:15s} {total_params(m) / 1e6:9.1f} M parameters, {m.layers} x {m.hidden}, heads {m.heads}/{m.kv_heads}, seq {m.seq_len}")
+    for name in list_machines():
+        console.print(f"machine {name}")
+    return 0
+
+
+COMMANDS = {"plan": cmd_plan, "estimate": cmd_estimate, "explain": cmd_explain, "schema": cmd_schema,
+            "validate": cmd_validate, "list": cmd_list}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except PlanError as e:
+        print(f"exaplan {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

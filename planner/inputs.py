@@ -1,0 +1,124 @@
+"""Reading the three inputs from the command line: presets or YAML files, and `--set` overrides."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from planner.errors import PlanError
+from planner.plan import format_validation_error
+from planner.presets import MODEL_PRESETS, get_model
+from planner.specs import MachineModel, ModelSpec, Precision, TrainingJob
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A model preset by name, or a ModelSpec YAML file."""
+    if name_or_path in MODEL_PRESETS:
+        return get_model(name_or_path)
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        return get_model(name_or_path)  # unknown preset: the error lists the presets
+    return _load_yaml_spec(ModelSpec, path, "model")
+
+
+def _load_yaml_spec(cls: type[BaseModel], path: Path, what: str):
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise PlanError(f"cannot read {what} file: {e.strerror}", field=str(path)) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise PlanError(f"malformed YAML{where}", field=str(path)) from None
+    if not isinstance(data, dict):
+        raise PlanError(f"expected a mapping of {what} fields", field=str(path))
+    data.setdefault("name", path.stem)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise PlanError(format_validation_error(e), field=str(path)) from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'model.layers=96' -> ('model.layers', 96): the value is read as YAML (numbers, booleans,
+    lists), so `--set machine.algorithms=[ring,tree]` works."""
+    if "=" not in text:
+        raise PlanError(f"--set takes FIELD=VALUE, got {text!r}", field="--set")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(spec: BaseModel, prefix: str, overrides: list[tuple[str, Any]]) -> BaseModel:
+    """Return a copy of `spec` with every override under `prefix.` applied and re-validated."""
+    data = spec.model_dump(mode="json")
+    touched = False
+    for key, value in overrides:
+        head, _, rest = key.partition(".")
+        if head != prefix:
+            continue
+        if not rest:
+            raise PlanError(f"--set needs a field after '{prefix}.'", field=key)
+        _set_path(data, rest.split("."), value, key, type(spec))
+        touched = True
+    if not touched:
+        return spec
+    try:
+        return type(spec).model_validate(data)
+    except ValidationError as e:
+        raise PlanError(format_validation_error(e, prefix=prefix)) from None
+
+
+def _set_path(data: dict, parts: list[str], value: Any, full_key: str, cls: type[BaseModel]) -> None:
+    node = data
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            options = list(node) if isinstance(node, dict) else []
+            near = difflib.get_close_matches(part, options, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else f"; fields: {', '.join(options)}" if options else ""
+            raise PlanError(f"unknown field{hint}", field=full_key)
+        if i == len(parts) - 1:
+            node[part] = value
+        else:
+            node = node[part]
+
+
+def check_overrides(overrides: list[tuple[str, Any]], allowed: tuple[str, ...]) -> None:
+    for key, _ in overrides:
+        if key.partition(".")[0] not in allowed:
+            raise PlanError(f"--set fields start with one of {', '.join(p + '.' for p in allowed)}", field=key)
+
+
+def default_precision(machine: MachineModel) -> Precision:
+    """bf16 where the device runs it faster than fp32 (GPUs), else fp32 (CPUs)."""
+    bf16 = machine.peak_tflops.get(Precision.bf16, 0.0)
+    return Precision.bf16 if bf16 > machine.peak_tflops[Precision.fp32] else Precision.fp32
+
+
+def make_job(model: ModelSpec, machine: MachineModel, world: int, global_batch: int | None, seq_len: int | None,
+             precision: str | None, token_budget: float | None, workload: str = "pretrain") -> TrainingJob:
+    """The training job; defaults: 8 sequences per rank (the seed runs' micro-batch), the
+    model's sequence length, the machine's fastest precision, 1e9 tokens."""
+    data = {
+        "global_batch": global_batch if global_batch is not None else 8 * world,
+        "seq_len": seq_len if seq_len is not None else model.seq_len,
+        "precision": precision or default_precision(machine).value,
+        "workload": workload,
+    }
+    if token_budget is not None:
+        data["token_budget"] = token_budget
+    try:
+        job = TrainingJob.model_validate(data)
+    except ValidationError as e:
+        raise PlanError(format_validation_error(e, prefix="job")) from None
+    if model.position == "learned" and job.seq_len > model.seq_len:
+        raise PlanError(f"{job.seq_len} exceeds the model's learned positions ({model.seq_len})", field="seq_len")
+    return job

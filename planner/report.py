@@ -1,0 +1,164 @@
+"""Human-readable output: tables of layouts, why the best won, and plan reports."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Layouts
+from planner.cost.step import Evaluation
+from planner.plan import MESH_AXES, Plan
+
+GIB = 2.0**30
+
+
+def layout_label(lay: Layouts, i: int) -> str:
+    """Compact one-line layout: 'pp4 dp8(hsdp g4) tp2+sp | mbs2 x 16 | 1f1b | rc=selective'."""
+    r = lay.row(i)
+    kind = SHARDINGS[r["sharding"]].value
+    dp = r["dp_replicate"] * r["dp_shard"]
+    parts = []
+    if r["pp"] > 1:
+        parts.append(f"pp{r['pp']}")
+    if dp > 1 or r["cp"] > 1:
+        parts.append(f"dp{dp} " + {"none": "ddp", "hsdp": f"hsdp(g{r['dp_shard']})"}.get(kind, kind))
+    if r["cp"] > 1:
+        parts.append(f"cp{r['cp']}")
+    if r["tp"] > 1:
+        parts.append(f"tp{r['tp']}" + ("+sp" if r["sp"] else ""))
+    sched = SCHEDULES[r["schedule"]]
+    pipe = "" if sched is None else f" | {sched.value}" + (f" v{r['vpp']}" if r["vpp"] > 1 else "")
+    rc = RECOMPUTES[r["recompute"]].value
+    return f"{' '.join(parts)} | mbs{r['mbs']} x {r['gas']}{pipe}" + (f" | recompute {rc}" if rc != "none" else "")
+
+
+def _fmt_time(s: float) -> str:
+    if s >= 86400 * 2:
+        return f"{s / 86400:.1f} d"
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 1:
+        return f"{s:.3f} s"
+    return f"{s * 1e3:.1f} ms"
+
+
+def top_table(lay: Layouts, ev: Evaluation, title: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col, just in (("#", "right"), ("layout", "left"), ("step", "right"), ("tokens/s", "right"),
+                      ("TFLOP/s/dev", "right"), ("MFU", "right"), ("mem/dev GiB", "right")):
+        t.add_column(col, justify=just, no_wrap=col == "layout")
+    for i in range(len(lay)):
+        t.add_row(str(i + 1), layout_label(lay, i), _fmt_time(ev.step_time_s[i]), f"{ev.tokens_per_s[i]:,.0f}",
+                  f"{ev.model_tflops_per_device[i]:.1f}", f"{ev.mfu[i]:.1%}", f"{ev.memory.total[i] / GIB:.1f}")
+    return t
+
+
+PARTS = (("compute", "compute_s"), ("pipeline bubble", "bubble_s"), ("exposed dp/fsdp traffic", "dp_s"),
+         ("exposed tp traffic", "tp_s"), ("pipeline p2p", "pp_s"), ("cp ring traffic", "cp_s"), ("optimizer", "optimizer_s"))
+
+
+def why_best(lay: Layouts, ev: Evaluation) -> str:
+    """Why layout 0 beat layout 1: the step-time parts that differ most, and the memory."""
+    if len(lay) < 2:
+        return "Only one layout fits."
+    d = ev.step_time_s[1] - ev.step_time_s[0]
+    diffs = sorted(((getattr(ev, f)[1] - getattr(ev, f)[0], name) for name, f in PARTS), reverse=True)
+    gains = [f"{name} {_fmt_time(delta)} less" for delta, name in diffs if delta > 1e-4 * ev.step_time_s[0]][:3]
+    losses = [f"{name} {_fmt_time(-delta)} more" for delta, name in diffs if delta < -1e-4 * ev.step_time_s[0]][:2]
+    if abs(d) <= 1e-12 * max(ev.step_time_s[0], 1e-30):
+        mem = (ev.memory.total[1] - ev.memory.total[0]) / GIB
+        return f"#1 ties #2 on step time and needs {mem:.2f} GiB less memory per device, so it ranks first."
+    text = f"#1 is {_fmt_time(d)} ({d / ev.step_time_s[1]:.1%}) faster per step than #2 ({layout_label(lay, 1)})"
+    if gains:
+        text += ": " + ", ".join(gains)
+    if losses:
+        text += "; it pays " + ", ".join(losses)
+    return text + "."
+
+
+def breakdown_table(ev: Evaluation, i: int = 0) -> Table:
+    t = Table(title="Step time", title_justify="left", show_header=False)
+    t.add_column("part")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    total = ev.step_time_s[i]
+    for name, f in PARTS:
+        v = float(getattr(ev, f)[i])
+        t.add_row(name, _fmt_time(v), f"{v / total:.1%}")
+    t.add_row("[b]step[/b]", f"[b]{_fmt_time(total)}[/b]", "")
+    return t
+
+
+def memory_table(ev: Evaluation, i: int, capacity_gib: float) -> Table:
+    t = Table(title="Memory per device", title_justify="left", show_header=False)
+    t.add_column("part")
+    t.add_column("GiB", justify="right")
+    m = ev.memory
+    for name, arr in (("parameters", m.parameters), ("gradients", m.gradients), ("optimizer states", m.optimizer),
+                      ("activations", m.activations), ("buffers", m.buffers), ("reserve + fragmentation", m.reserve)):
+        t.add_row(name, f"{arr[i] / GIB:.2f}")
+    fits = "fits" if m.fits[i] else "[red]does not fit[/red]"
+    t.add_row("[b]total[/b]", f"[b]{m.total[i] / GIB:.2f}[/b] of {capacity_gib:.1f} ({fits})")
+    return t
+
+
+def explain_plan(plan: Plan, console: Console) -> None:
+    """A readable report of a plan file."""
+    p, pr = plan, plan.prediction
+    console.print(f"[b]{p.model.name}[/b] on [b]{p.nodes} x {p.machine.name}[/b] ({p.world_size} ranks, "
+                  f"{p.ranks_per_node} per node, {p.machine.device_name})")
+    console.print(f"job: global batch {p.job.global_batch} x {p.job.seq_len} tokens, {p.job.precision.value}, "
+                  f"{p.job.workload.value}, token budget {p.job.token_budget:.3g}")
+    mesh = Table(title="Mesh (ranks row-major over these axes, tp fastest; node = rank // ranks_per_node)", title_justify="left")
+    for a in MESH_AXES:
+        mesh.add_column(a, justify="right")
+    mesh.add_row(*(str(d) for d in p.mesh.degrees))
+    console.print(mesh)
+    shown = min(p.world_size, 4)
+    coords = lambda r: ",".join(str(c) for c in p.coordinates(r).values())  # noqa: E731
+    console.print("rank -> node/device (pp,dp_replicate,dp_shard,cp,tp): " + "; ".join(
+        f"{r} -> {p.placement(r)[0]}/{p.placement(r)[1]} ({coords(r)})" for r in range(shown))
+        + (f"; ... {p.world_size - 1} -> {p.placement(p.world_size - 1)[0]}/{p.placement(p.world_size - 1)[1]} ({coords(p.world_size - 1)})" if p.world_size > shown else ""))
+    console.print(f"batch: micro-batch {p.micro_batch_size} x {p.grad_accumulation_steps} accumulation steps x dp {p.mesh.dp}"
+                  f"{' | sequence parallel' if p.sequence_parallel else ''} | recompute {p.recompute.value}")
+    s = p.sharding
+    console.print(f"sharding: {s.kind.value}" + (f" (shard group {s.shard_group_size})" if s.kind.value == "hsdp" else "")
+                  + f" | reshard after forward {s.reshard_after_forward} | prefetch {s.backward_prefetch} | "
+                  f"limit all-gathers {s.limit_all_gathers} | DDP bucket {s.ddp_bucket_mb:g} MB")
+    if p.pipeline.schedule:
+        st = Table(title=f"Pipeline: {p.pipeline.schedule.value}, {p.pipeline.virtual_stages} virtual stage(s) per rank", title_justify="left")
+        for col in ("stage", "pp rank", "chunk", "layers", "extra"):
+            st.add_column(col)
+        for i, x in enumerate(p.pipeline.stages):
+            extra = ", ".join(n for n, f in (("embedding", x.embedding), ("head", x.head)) if f)
+            st.add_row(str(i), str(x.pp_rank), str(x.virtual_index), f"{x.first_layer}-{x.last_layer - 1}", extra)
+        console.print(st)
+    ct = Table(title=f"Collectives ({p.collectives.library})", title_justify="left")
+    for col in ("communicator", "op", "algorithm", "ranks", "nodes", "GB/step"):
+        ct.add_column(col)
+    for name, c in p.collectives.communicators.items():
+        ct.add_row(name.value, c.op, c.algorithm.value, str(c.ranks), str(c.nodes_spanned), f"{c.bytes_per_step / 1e9:.2f}")
+    console.print(ct)
+    env = " ".join(f"{k}={v!r}" for k, v in p.collectives.env.items()) or "(none: the library's algorithm is fixed or default)"
+    console.print(f"environment: {env}")
+    tt = Table(title="Prediction", title_justify="left", show_header=False)
+    tt.add_column("what")
+    tt.add_column("value", justify="right")
+    tt.add_row("step time", _fmt_time(pr.step_time_s))
+    tt.add_row("  compute", _fmt_time(pr.step_time.compute_s))
+    tt.add_row("  pipeline bubble", _fmt_time(pr.step_time.bubble_s))
+    tt.add_row("  optimizer", _fmt_time(pr.step_time.optimizer_s))
+    for k, v in pr.step_time.exposed_comm_s.items():
+        tt.add_row(f"  exposed {k.value} traffic", _fmt_time(v))
+    tt.add_row("tokens/s", f"{pr.tokens_per_s:,.0f}")
+    tt.add_row("model / hardware TFLOP/s per device", f"{pr.model_tflops_per_device:.1f} / {pr.hardware_tflops_per_device:.1f}")
+    tt.add_row("MFU", f"{pr.mfu:.1%}")
+    tt.add_row("time to train", _fmt_time(pr.time_to_train_days * 86400))
+    mem = pr.memory
+    tt.add_row("memory per device", f"{pr.memory_gib_per_device:.2f} GiB of {p.machine.device_memory_gib:g} ({'fits' if pr.fits else 'DOES NOT FIT'})")
+    tt.add_row("  params / grads / optimizer", f"{mem.parameters_gib:.2f} / {mem.gradients_gib:.2f} / {mem.optimizer_gib:.2f}")
+    tt.add_row("  activations / buffers / reserve", f"{mem.activations_gib:.2f} / {mem.buffers_gib:.2f} / {mem.reserve_gib:.2f}")
+    console.print(tt)
+    v = p.provenance
+    console.print(f"made by exaplan {v.exaplan_version} (cost model {v.cost_model_version}); regenerate: {v.command}")
+    console.print(f"content hash {v.content_hash[:16]}... (checked)")
