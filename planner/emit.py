@@ -96,14 +96,15 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
     mesh = Mesh(pp=row["pp"], dp_replicate=row["dp_replicate"], dp_shard=row["dp_shard"], cp=row["cp"], tp=row["tp"])
     schedule = SCHEDULES[row["schedule"]]
     tp_alg = comm.ALGORITHMS[int(ev.tp_algorithm[i])]
-    dp_alg = comm.ALGORITHMS[int(ev.dp_algorithm[i])]
-    rep_alg = comm.ALGORITHMS[int(ev.dp_replicate_algorithm[i])]
+    ar_alg = comm.ALGORITHMS[int(ev.allreduce_algorithm[i])]
+    rsag_alg = comm.ALGORITHMS[int(ev.rsag_algorithm[i])]
+    data_parallel = one.grad_group[0] > 1
+    dp_allreduce = data_parallel and kind in (Sharding.none, Sharding.zero1, Sharding.hsdp)
+    dp_rsag = data_parallel and kind != Sharding.none
+    tp_allreduce = row["tp"] > 1 and not row["sp"]
+    tp_rsag = row["tp"] > 1 and bool(row["sp"])
+    env = library_env(machine, ar_alg if (dp_allreduce or tp_allreduce) else None, rsag_alg if (dp_rsag or tp_rsag) else None)
     sharded = kind != Sharding.none
-    uses_allreduce = (not sharded and one.grad_group[0] > 1) or kind == Sharding.hsdp or (row["tp"] > 1 and not row["sp"])
-    uses_rsag = (sharded and one.grad_group[0] > 1) or (row["tp"] > 1 and bool(row["sp"]))
-    allreduce_alg = rep_alg if (kind in (Sharding.none, Sharding.hsdp)) else (tp_alg if row["tp"] > 1 and not row["sp"] else None)
-    rsag_alg = dp_alg if sharded else (tp_alg if row["sp"] else None)
-    env = library_env(machine, allreduce_alg if uses_allreduce else None, rsag_alg if uses_rsag else None)
 
     P = flops.total_params(model) / row["pp"] / row["tp"]
     B = 2 if job.precision.value != "fp32" else 4
@@ -118,7 +119,8 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
     grad_n = int(one.grad_group[0])
     if grad_n > 1:
         comms[Communicator.dp] = CollectiveChoice(
-            op="reduce_scatter+all_gather" if sharded else "allreduce", algorithm=dp_alg if sharded else rep_alg,
+            op={Sharding.none: "allreduce", Sharding.zero1: "allreduce+all_gather"}.get(kind, "reduce_scatter+all_gather"),
+            algorithm=ar_alg if kind in (Sharding.none, Sharding.zero1) else rsag_alg,
             ranks=grad_n, nodes_spanned=spanned(grad_n, row["tp"]), bytes_per_step=float(P * 4 + (P * B if sharded else 0)))
     if row["tp"] > 1:
         calls = 4 * model.layers / row["pp"] * row["gas"]

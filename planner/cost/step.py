@@ -58,8 +58,8 @@ class Evaluation:
     pp_s: np.ndarray
     cp_s: np.ndarray
     tp_algorithm: np.ndarray  # code into comm.ALGORITHMS
-    dp_algorithm: np.ndarray
-    dp_replicate_algorithm: np.ndarray  # HSDP's allreduce across replicas
+    allreduce_algorithm: np.ndarray  # gradient allreduce (DDP, ZeRO-1, HSDP across replicas)
+    rsag_algorithm: np.ndarray  # reduce-scatter / all-gather (ZeRO, FSDP)
     ddp_bucket_mb: np.ndarray
     memory: MemoryParts
     tokens_per_s: np.ndarray
@@ -202,9 +202,11 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     ar_codes, rsag_codes = algos
     F_total, F_floor, K_total, K_floor, S_total, S_floor = {}, {}, {}, {}, {}, {}
     for r in rsag_codes:
-        # ZeRO: reduce-scatter gradients in 25 MB buckets; all-gather the updated 16-bit
-        # weights under the next forward. FSDP: all-gather each block before forward (and
-        # again before backward when resharded), reduce-scatter its gradients.
+        # ZeRO-1 reduces gradients like DDP (S below; torch's ZeroRedundancyOptimizer under
+        # DDP and DeepSpeed stage 1 allreduce them) and ZeRO-2 reduce-scatters them every
+        # micro-batch in 25 MB buckets; both all-gather the updated 16-bit weights under the
+        # next forward. FSDP all-gathers each block before forward (and again before
+        # backward when resharded) and reduce-scatters its gradients.
         zb = np.maximum(np.ceil(M_grad / ZERO_BUCKET_BYTES), 1)
         zero_rs = comm.reduce_scatter(r, pl_grad, M_grad / zb)
         ag_grad_group = comm.all_gather(r, pl_grad, M_w)
@@ -213,20 +215,21 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
         refetch = np.where(s == SH_GRAD_OP, 0.0, 1.0)
         F_total[r] = np.where(zero, ag_grad_group, np.where(fsdp, n_blocks * ag_block, 0.0))
         F_floor[r] = np.where(zero, ag_grad_group / n_blocks, np.where(fsdp, ag_block, 0.0))
-        K_total[r] = np.where(zero, zb * zero_rs, np.where(fsdp, n_blocks * (refetch * ag_block + rs_block), 0.0))
-        K_floor[r] = np.where(zero, zero_rs, np.where(fsdp, rs_block, 0.0))
+        K_total[r] = np.where(s == SH_ZERO2, zb * zero_rs, np.where(fsdp, n_blocks * (refetch * ag_block + rs_block), 0.0))
+        K_floor[r] = np.where(s == SH_ZERO2, zero_rs, np.where(fsdp, rs_block, 0.0))
         for d in (F_total, F_floor, K_total, K_floor):
             d[r] = np.where(single, 0.0, d[r])
+    allreduced = (s == SH_NONE) | (s == SH_ZERO1)
     for a in ar_codes:
-        # DDP: bucketed allreduce of all gradients; HSDP: allreduce of the shards across
-        # replicas. Both once a step, under the last micro-batch's backward.
+        # DDP and ZeRO-1: bucketed allreduce of all gradients; HSDP: allreduce of the
+        # shards across replicas. Once a step, under the last micro-batch's backward.
         S_total[a], S_floor[a] = [], []
         for mb in DDP_BUCKETS_MB:
             bytes_ = np.where(s == SH_HSDP, M_grad / G, M_grad)
             n = np.maximum(np.ceil(bytes_ / (mb * 1e6)), 1)
             per_ddp = comm.allreduce(a, pl_grad, bytes_ / n)
             per_hsdp = comm.allreduce(a, pl_rep, bytes_ / n)
-            per = np.where(s == SH_HSDP, per_hsdp, np.where(s == SH_NONE, per_ddp, 0.0))
+            per = np.where(s == SH_HSDP, per_hsdp, np.where(allreduced, per_ddp, 0.0))
             per = np.where(single, 0.0, per)
             S_total[a].append(n * per)
             S_floor[a].append(per)
@@ -338,12 +341,11 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
     tps = tokens / step_time
     model_tf = model_fl / step_time / world / 1e12
     work_mb = base_u[u] + best["tp_mb"]
-    s_code = meshes.sharding[mi]
     return Evaluation(
         space=space, step_time_s=step_time, compute_s=m * U.compute_mb[u], bubble_s=((units.pp - 1) / units.vpp)[u] * work_mb,
         optimizer_s=M.optimizer_s[mi], dp_s=best["dp"], tp_s=m * best["tp_mb"], pp_s=m * U.pp_mb[u], cp_s=m * U.cp_mb[u],
-        tp_algorithm=best["tp_code"], dp_algorithm=np.where(s_code == SH_NONE, best["ar_code"], best["rs_code"]),
-        dp_replicate_algorithm=best["ar_code"], ddp_bucket_mb=np.asarray(DDP_BUCKETS_MB)[best["k"]],
+        tp_algorithm=best["tp_code"], allreduce_algorithm=best["ar_code"], rsag_algorithm=best["rs_code"],
+        ddp_bucket_mb=np.asarray(DDP_BUCKETS_MB)[best["k"]],
         memory=mem, tokens_per_s=tps, model_tflops_per_device=model_tf,
         hardware_tflops_per_device=hw_fl / step_time / world / 1e12,
         mfu=model_tf / (machine.peak_flops(job.precision) / 1e12),

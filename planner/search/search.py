@@ -79,7 +79,9 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
     cand = np.argpartition(key, n - 1)[:n] if n < len(key) else np.arange(len(key))
     lay = space.layouts(cand)
     ev = evaluate(model, machine, job, lay)  # library-consistent algorithms
-    order = np.lexsort((ev.memory.total, ev.step_time_s))[:top_k]
+    # Rank by step time, then memory; the layout fields break exact ties deterministically.
+    tie = tuple(getattr(lay, f) for f in ("sp", "recompute", "sharding", "schedule", "vpp", "gas", "mbs", "tp", "cp", "dp_shard", "dp_replicate", "pp"))
+    order = np.lexsort(tie + (np.round(ev.memory.total), ev.step_time_s))[:top_k]
     seconds = time.perf_counter() - start
     best = evaluate(model, machine, job, lay.take(order))
     return SearchResult(model, machine, job, nodes, lay.take(order), best, len(space), scores.layouts_scored, fitting, seconds)

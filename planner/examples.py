@@ -1,0 +1,56 @@
+"""`make plans`: regenerate the example plans committed in plans/ (each file's header names
+the command that makes it; this runs those commands)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+import sys
+from pathlib import Path
+
+from planner.cli import main as cli_main
+
+PLANS_DIR = Path(__file__).resolve().parent.parent / "plans"
+
+EXAMPLES = {
+    "protein-3.5b_aurora_3200n.yaml": "--model protein-3.5b --machine aurora --nodes 3200",
+    "protein-3.5b_alps_2060n.yaml": "--model protein-3.5b --machine alps --nodes 2060",
+    "protein-3.5b_frontier_2048n.yaml": "--model protein-3.5b --machine frontier --nodes 2048",
+    "protein-3.5b_leonardo_1500n.yaml": "--model protein-3.5b --machine leonardo --nodes 1500",
+    "protein-3.5b_pdx_400n.yaml": "--model protein-3.5b --machine pdx --nodes 400",
+    "protein-7b_dgx-h100_16n.yaml": "--model protein-7b --machine dgx-h100 --nodes 16 --global-batch 1024",
+    "protein-70b_frontier_64n.yaml": "--model protein-70b --machine frontier --nodes 64 --global-batch 512",
+}
+
+
+def command_for(name: str) -> list[str]:
+    """The exaplan arguments that make plans/<name> (relative to the repository root)."""
+    return ["plan", *shlex.split(EXAMPLES[name]), "-o", f"plans/{name}"]
+
+
+def regenerate(name: str, out_dir: Path = PLANS_DIR) -> Path:
+    """Run the plan command of one example, writing into out_dir; the plan's header keeps
+    the repository-relative command."""
+    argv = command_for(name)
+    target = out_dir / name
+    saved = sys.argv
+    sys.argv = ["exaplan", *argv]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = cli_main([*argv[:-1], str(target)])
+    finally:
+        sys.argv = saved
+    if code:
+        raise SystemExit(f"exaplan {' '.join(argv)} failed with exit code {code}")
+    return target
+
+
+def main() -> int:
+    for name in EXAMPLES:
+        print(f"wrote {regenerate(name).relative_to(PLANS_DIR.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

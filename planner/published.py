@@ -1,0 +1,335 @@
+"""Published training runs as data: the calibration set of `exaplan validate --published`.
+
+Each record is one published figure (/work/shared/reference/calibration-runs.md): the model,
+the machine preset, the layout the authors ran, the figure they measured and its kind, and
+how to turn the cost model's predicted step time into that figure's unit. Nothing here is
+predicted: planner.validate runs the cost model on these records.
+
+Conventions of the published figures (each record's `note` says which applies):
+  - Megatron rows (sections A and B) count FLOPs with Megatron's formula for GPT models,
+    72 l h^2 (1 + s/(6h)) + 6 h V per token (model FLOPs: no recompute, full s x s
+    attention, logits included): planner.cost.flops.megatron_flops_per_token. A row's
+    "TFLOP/s per GPU" and "MFU" are that count over the measured step time (MFU: over the
+    dense bf16/fp16 peak, 989 TFLOP/s on H100, 312 on A100).
+  - llm-foundry rows (C) give MFU and tokens/s per GPU; their MFU is 6 N + 12 l h s FLOPs
+    per token (attention counted, no causal halving), i.e. the same information as the
+    tokens/s column, which is the figure used here (no FLOP convention involved).
+  - fms-fsdp rows (D) give tokens/s per GPU.
+  - Iteration-time rows (B, full recompute) are seconds per optimizer step.
+Where a field is not published, the record makes a documented choice and lists the field
+in `assumed`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from planner.cost import flops
+from planner.cost.layout import RECOMPUTES, SC_1F1B, SC_INTERLEAVED, SC_NONE, SHARDINGS, Layouts
+from planner.plan import Recompute, Sharding
+from planner.specs import MachineModel, ModelSpec, PosInt, Precision, Spec, TrainingJob
+
+FigureKind = Literal["model_tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "iteration_time_s"]
+FlopConvention = Literal["megatron", "none"]
+
+UNITS: dict[str, str] = {
+    "model_tflops_per_gpu": "TFLOP/s/GPU",
+    "mfu": "MFU %",
+    "tokens_per_s_per_gpu": "tok/s/GPU",
+    "iteration_time_s": "s/step",
+}
+
+
+class PublishedLayout(Spec):
+    """The layout a published run used, in the source's own terms."""
+
+    tp: PosInt = Field(1, description="Tensor-parallel degree.")
+    pp: PosInt = Field(1, description="Pipeline-parallel degree.")
+    dp: PosInt = Field(description="Data-parallel degree (all replicas and shards).")
+    sharding: Sharding = Field(description="Megatron distributed optimizer = zero1; FSDP FULL_SHARD = fsdp; hybrid = hsdp.")
+    shard_group: PosInt | None = Field(None, description="hsdp only: ranks sharing one copy (dp_shard).")
+    micro_batch: PosInt = Field(description="Sequences per micro-batch.")
+    global_batch: PosInt = Field(description="Sequences per optimizer step.")
+    vpp: PosInt = Field(1, description="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")
+    recompute: Recompute = Field(Recompute.none, description="Activation recompute level.")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PublishedLayout":
+        if self.global_batch % (self.dp * self.micro_batch):
+            raise ValueError(f"global batch {self.global_batch} is not a multiple of dp x micro-batch")
+        if (self.sharding == Sharding.hsdp) != (self.shard_group is not None):
+            raise ValueError("shard_group is given exactly when sharding is hsdp")
+        return self
+
+    @property
+    def gas(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    def describe(self) -> str:
+        """Short text such as 'tp8 pp8 v3 dp1 sp, selective, mbs1 gas64'."""
+        parts = [f"tp{self.tp}"] if self.tp > 1 else []
+        parts += [f"pp{self.pp}" + (f" v{self.vpp}" if self.vpp > 1 else "")] if self.pp > 1 else []
+        sh = self.sharding.value + (f"/{self.shard_group}" if self.shard_group else "")
+        parts.append(f"dp{self.dp}" + ("" if self.sharding == Sharding.none else f" {sh}"))
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.recompute != Recompute.none:
+            parts.append(f"rc {self.recompute.value}")
+        parts.append(f"mbs{self.micro_batch} gas{self.gas}")
+        return " ".join(parts)
+
+
+class PublishedRun(Spec):
+    """One published figure and everything needed to predict it."""
+
+    id: str = Field(description="Short unique id, section letter first.")
+    section: Literal["A", "B", "C", "D"] = Field(description="Section of calibration-runs.md.")
+    source: str = Field(description="Where the figure was published.")
+    model: ModelSpec
+    machine: str = Field(description="Machine preset (machine_models/<name>.yaml).")
+    gpus: PosInt
+    layout: PublishedLayout
+    precision: Precision = Precision.bf16
+    flash_attention: bool = Field(True, description="Fused attention kernel (a software choice: false for 2022 Megatron).")
+    tp_comm_overlap: bool = Field(False, description="The framework overlaps tensor-parallel traffic (Megatron --tp-comm-overlap).")
+    figure: float = Field(gt=0, description="The published number, in the unit of `kind` (MFU as a fraction).")
+    kind: FigureKind
+    flop_convention: FlopConvention = Field("none", description="FLOP count behind TFLOP/s and MFU figures.")
+    assumed: list[str] = Field(default_factory=list, description="Fields not published; chosen as `note` says.")
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> "PublishedRun":
+        lay = self.layout
+        if lay.tp * lay.pp * lay.dp != self.gpus:
+            raise ValueError(f"{self.id}: tp x pp x dp = {lay.tp * lay.pp * lay.dp}, published GPUs {self.gpus}")
+        if self.kind in ("model_tflops_per_gpu", "mfu") and self.flop_convention == "none":
+            raise ValueError(f"{self.id}: a FLOP-rate figure needs its FLOP convention")
+        return self
+
+    # --- inputs of the cost model ---------------------------------------------------------
+
+    def job(self) -> TrainingJob:
+        return TrainingJob(global_batch=self.layout.global_batch, seq_len=self.model.seq_len, precision=self.precision)
+
+    def layouts(self) -> Layouts:
+        """The run's layout as a one-row Layouts (cp = 1 in every published row)."""
+        lay = self.layout
+        dp_shard = lay.shard_group if lay.sharding == Sharding.hsdp else (1 if lay.sharding == Sharding.none else lay.dp)
+        schedule = SC_NONE if lay.pp == 1 else (SC_INTERLEAVED if lay.vpp > 1 else SC_1F1B)
+        return Layouts(
+            pp=lay.pp, dp_replicate=lay.dp // dp_shard, dp_shard=dp_shard, cp=1, tp=lay.tp, mbs=lay.micro_batch,
+            gas=lay.gas, vpp=lay.vpp, schedule=schedule, sharding=SHARDINGS.index(lay.sharding),
+            recompute=RECOMPUTES.index(lay.recompute), sp=int(lay.sequence_parallel),
+        )
+
+    def adapt_machine(self, machine: MachineModel) -> MachineModel:
+        """The machine as this run's software used it: its attention kernel, and no hidden
+        tensor-parallel traffic unless the framework overlaps it (the device kind's
+        overlap.tp is what an overlapping framework achieves)."""
+        update = {}
+        if machine.flash_attention != self.flash_attention:
+            update["flash_attention"] = self.flash_attention
+        if not self.tp_comm_overlap and machine.overlap.tp != 0.0:
+            update["overlap"] = machine.overlap.model_copy(update={"tp": 0.0})
+        return machine.model_copy(update=update) if update else machine
+
+    # --- the published figure's unit -------------------------------------------------------
+
+    def flops_per_token(self) -> float:
+        """FLOPs per token under the row's convention (Megatron's formula, model FLOPs)."""
+        return flops.megatron_flops_per_token(self.model, self.model.seq_len, full_recompute=False)
+
+    def figure_from_step_time(self, step_time_s, machine: MachineModel):
+        """Convert a step time (s; scalar or array) into this row's published unit."""
+        tokens = self.layout.global_batch * self.model.seq_len
+        if self.kind == "iteration_time_s":
+            return step_time_s
+        if self.kind == "tokens_per_s_per_gpu":
+            return tokens / step_time_s / self.gpus
+        tflops = self.flops_per_token() * tokens / step_time_s / self.gpus / 1e12
+        if self.kind == "model_tflops_per_gpu":
+            return tflops
+        return tflops * 1e12 / machine.peak_flops(self.precision)  # mfu
+
+    @property
+    def unit(self) -> str:
+        return UNITS[self.kind]
+
+
+# --------------------------------------------------------------------------------------------
+# The runs
+# --------------------------------------------------------------------------------------------
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> ModelSpec:
+    """Megatron GPT: 4h GELU MLP, LayerNorm, MHA, learned positions, tied embeddings."""
+    return ModelSpec(
+        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn_hidden=4 * hidden,
+        vocab_size=vocab, seq_len=seq, activation="gelu", norm="layernorm", position="learned", tied_embeddings=True,
+    )
+
+
+def _mpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    """MPT: 4d GELU MLP, LayerNorm, ALiBi (no position parameters: 'rope' is the closest
+    parameter-free choice), tied embeddings, vocab 50368, seq 2048."""
+    return ModelSpec(
+        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn_hidden=4 * hidden,
+        vocab_size=50368, seq_len=2048, activation="gelu", norm="layernorm", position="rope", tied_embeddings=True,
+    )
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int) -> ModelSpec:
+    """Llama-2 style: SwiGLU, RMSNorm, RoPE, untied, vocab 32000, seq 4096."""
+    return ModelSpec(
+        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
+        vocab_size=32000, seq_len=4096, activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False,
+    )
+
+
+SOURCE_A = "Megatron-LM README, weak-scaling table (DGX H100, 2024)"
+NOTE_A = (
+    "TFLOP/s per GPU by Megatron's formula (model FLOPs, logits included), MFU over 989. "
+    "Micro-batch 1 (the usual setting; not in the table). Sequence parallel with tp > 1 "
+    "(--tp-comm-overlap requires it). No recompute and no interleaving: not stated, assumed."
+)
+
+
+def _section_a() -> list[PublishedRun]:
+    # (params, heads, hidden, layers, tp, pp, gpus, global batch, TFLOP/s per GPU)
+    table = [
+        ("1.7b", 16, 2048, 24, 1, 1, 48, 192, 408.8),
+        ("7.1b", 32, 4096, 30, 2, 1, 96, 192, 465.9),
+        ("16b", 48, 6144, 32, 4, 1, 192, 192, 489.1),
+        ("32b", 56, 7168, 48, 8, 1, 384, 192, 459.6),
+        ("70b", 64, 8192, 84, 8, 2, 768, 384, 419.7),
+        ("119b", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+        ("177b", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+        ("314b", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+        ("462b", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
+    ]
+    runs = []
+    for size, heads, hidden, layers, tp, pp, gpus, gbs, tflops in table:
+        assumed = ["layout.micro_batch", "layout.recompute", "layout.sequence_parallel"]
+        if pp > 1:
+            assumed.append("layout.vpp")
+        runs.append(PublishedRun(
+            id=f"A-gpt-{size}", section="A", source=SOURCE_A,
+            model=_gpt(f"gpt-{size}", layers, hidden, heads, vocab=131072, seq=4096),
+            machine="dgx-h100", gpus=gpus,
+            layout=PublishedLayout(tp=tp, pp=pp, dp=48, sharding=Sharding.zero1, micro_batch=1, global_batch=gbs,
+                                   sequence_parallel=tp > 1),
+            tp_comm_overlap=True, figure=tflops, kind="model_tflops_per_gpu", flop_convention="megatron",
+            assumed=assumed, note=NOTE_A,
+        ))
+    return runs
+
+
+SOURCE_B = "Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer Models', tables"
+NOTE_B_MFU = (
+    "MFU by Megatron's formula (model FLOPs) over 312 TFLOP/s (A100 fp16). Tensor + sequence "
+    "parallel, selective recompute, dp 1; Megatron of 2022: unfused-softmax attention (no "
+    "flash kernel). The published HFU counts the recomputed attention core as well."
+)
+NOTE_B_TIME = (
+    "Iteration time (s) of the same run with full recompute instead of selective (the paper's "
+    "full -> selective comparison). Unfused-softmax attention, dp 1."
+)
+
+
+def _section_b() -> list[PublishedRun]:
+    # (params, heads, hidden, layers, tp, pp, gpus, global batch, micro-batch, vpp, MFU, HFU, full-recompute time)
+    table = [
+        ("22b", 64, 6144, 48, 8, 1, 8, 4, 4, 1, 0.415, 0.437, 1.42),
+        ("175b", 96, 12288, 96, 8, 8, 64, 64, 1, 3, 0.514, 0.528, 18.13),
+        ("530b", 128, 20480, 105, 8, 35, 280, 280, 1, 3, 0.560, 0.570, 49.05),
+        ("1t", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 0.563, 0.570, 94.42),
+    ]
+    runs = []
+    for size, heads, hidden, layers, tp, pp, gpus, gbs, mbs, vpp, mfu, hfu, t_full in table:
+        model = _gpt(f"gpt-{size}", layers, hidden, heads, vocab=51200, seq=2048)
+        common = dict(section="B", source=SOURCE_B, model=model, machine="dgx-a100-80gb", gpus=gpus,
+                      precision=Precision.fp16, flash_attention=False)
+        lay = dict(tp=tp, pp=pp, dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs, vpp=vpp,
+                   sequence_parallel=True)
+        runs.append(PublishedRun(
+            id=f"B-gpt-{size}-selective", layout=PublishedLayout(recompute=Recompute.selective, **lay),
+            figure=mfu, kind="mfu", flop_convention="megatron", note=NOTE_B_MFU + f" Published HFU {hfu:.1%}.", **common,
+        ))
+        runs.append(PublishedRun(
+            id=f"B-gpt-{size}-full", layout=PublishedLayout(recompute=Recompute.full, **lay),
+            figure=t_full, kind="iteration_time_s", note=NOTE_B_TIME, **common,
+        ))
+    return runs
+
+
+SOURCE_C = "MosaicML llm-foundry, scripts/train/benchmarking/README.md, H100 80GB BF16 table"
+NOTE_C = (
+    "Tokens/s per GPU (the table's MFU is the same measurement under llm-foundry's 6N + 12 l h s "
+    "FLOPs per token). FSDP FULL_SHARD over all GPUs, flash attention, bf16 autocast."
+)
+NOTE_C_FILLED = (
+    " Micro-batch, accumulation steps and activation checkpointing are '-' in calibration-runs.md; "
+    "taken from the llm-foundry README row with the same model, GPUs, sequence length and "
+    "throughput, and marked assumed."
+)
+
+
+def _section_c() -> list[PublishedRun]:
+    # (model, layers, d, heads, gpus, micro-batch, gas, act ckpt, MFU (published), tokens/s per GPU, filled?)
+    table = [
+        ("mpt-70b", 80, 8192, 64, 64, 8, 4, True, 0.4257, 1039, False),
+        ("mpt-30b", 48, 7168, 64, 32, 14, 3, True, 0.4392, 2308, True),
+        ("mpt-13b", 40, 5120, 40, 64, 2, 1, False, 0.3986, 4800, True),
+        ("mpt-7b", 32, 4096, 32, 8, 6, 1, False, 0.4644, 10643, True),
+    ]
+    runs = []
+    for name, layers, d, heads, gpus, mbs, gas, ckpt, mfu, tps, filled in table:
+        runs.append(PublishedRun(
+            id=f"C-{name}", section="C", source=SOURCE_C, model=_mpt(name, layers, d, heads),
+            machine="dgx-h100", gpus=gpus,
+            layout=PublishedLayout(dp=gpus, sharding=Sharding.fsdp, micro_batch=mbs, global_batch=gpus * mbs * gas,
+                                   recompute=Recompute.full if ckpt else Recompute.none),
+            figure=tps, kind="tokens_per_s_per_gpu",
+            assumed=["layout.micro_batch", "layout.global_batch"] + (["layout.recompute"] if name != "mpt-13b" else []) if filled else [],
+            note=NOTE_C + f" Published MFU {mfu:.2%}." + (NOTE_C_FILLED if filled else ""),
+        ))
+    return runs
+
+
+SOURCE_D = "IBM foundation-model-stack/fms-fsdp README, throughput table (128 A100 80GB)"
+NOTE_D = (
+    "Tokens/s per GPU, 16 nodes x 8 A100 80GB, bf16, flash attention (SDPA). Hybrid shard = "
+    "hsdp sharded inside the node (8) and replicated across nodes. Global batch not published: "
+    "no gradient accumulation assumed (global = micro-batch x 128)."
+)
+
+
+def _section_d() -> list[PublishedRun]:
+    # (model, layers, hidden, heads, kv heads, ffn, hybrid?, act ckpt, micro-batch, tokens/s per GPU)
+    table = [
+        ("llama2-7b", 32, 4096, 32, 32, 11008, True, False, 2, 3760),
+        ("llama2-13b", 40, 5120, 40, 40, 13824, True, False, 1, 1700),
+        ("llama-34b", 48, 8192, 64, 8, 22016, False, True, 8, 772),
+        ("llama2-70b", 80, 8192, 64, 8, 28672, False, True, 6, 380),
+    ]
+    runs = []
+    for name, layers, hidden, heads, kv, ffn, hybrid, ckpt, mbs, tps in table:
+        runs.append(PublishedRun(
+            id=f"D-{name}", section="D", source=SOURCE_D, model=_llama(name, layers, hidden, heads, kv, ffn),
+            machine="dgx-a100-80gb", gpus=128,
+            layout=PublishedLayout(dp=128, sharding=Sharding.hsdp if hybrid else Sharding.fsdp,
+                                   shard_group=8 if hybrid else None, micro_batch=mbs, global_batch=128 * mbs,
+                                   recompute=Recompute.full if ckpt else Recompute.none),
+            figure=tps, kind="tokens_per_s_per_gpu", assumed=["layout.global_batch"],
+            note=NOTE_D + (" Reported elsewhere as 57% MFU." if name == "llama2-7b" else ""),
+        ))
+    return runs
+
+
+def published_runs() -> list[PublishedRun]:
+    """Every published run of calibration-runs.md, in section order (a fresh list)."""
+    return _section_a() + _section_b() + _section_c() + _section_d()
