@@ -19,7 +19,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "protein-70b": ModelSpec(name="protein-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, seq_len=128, **_LLAMA),
     # CPU-sized models for the runtime: about 25M and 1M parameters.
     "protein-small": ModelSpec(name="protein-small", layers=8, hidden=512, heads=8, kv_heads=8, ffn_hidden=1376, seq_len=256, **_LLAMA),
-    "protein-tiny": ModelSpec(name="protein-tiny", layers=4, hidden=128, heads=4, kv_heads=2, ffn_hidden=352, seq_len=128, **_LLAMA),
+    "protein-tiny": ModelSpec(name="protein-tiny", layers=6, hidden=128, heads=4, kv_heads=2, ffn_hidden=352, seq_len=128, **_LLAMA),
 }
 
 

@@ -18,6 +18,7 @@ that one) shows how well the fit generalises; it is the honest error.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -47,6 +48,10 @@ FIRST_GUESSES = {
 # Weight of the pull towards the first guess, per unit of (log) figure, against residuals in
 # log error: 0.05 moves a figure freely when the rows say so (one row 5% off outweighs it).
 PRIOR_WEIGHT = 0.05
+# Coarse grid of starting points for the figures the fit can stall on (see fit_one_kind),
+# and how many of its best points the fit starts from besides the prior.
+GRID_STARTS = {"attention_efficiency_factor": (0.3, 0.6, 0.9), "overlap_dp": (0.3, 0.6, 0.9), "overlap_tp": (0.2, 0.8)}
+GRID_KEEP = 2
 # Device kinds that share fitted figures with a fitted kind (no published rows of their own).
 SHARES_FIGURES_WITH = {"NVIDIA GH200": "NVIDIA H100 SXM5"}
 FIT_COMMAND = "exaplan validate --published --refit"
@@ -157,8 +162,23 @@ def fit_one_kind(runs: list[PublishedRun], machine: MachineModel, start: dict[st
         m = with_figures(machine, {**fixed, **_from_x(x, names)})
         return np.concatenate([_log_errors(runs, m), PRIOR_WEIGHT * (x - x_prior)])
 
-    res = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3, xtol=1e-6, ftol=1e-8)
-    return {**fixed, **_from_x(res.x, names)}
+    # The exposed-traffic terms are max(traffic - overlap x compute, floor), flat where
+    # every row sits at its floor, and the figures trade off against each other: a single
+    # start can stall. Start from the prior (or the given start) and from the best points
+    # of a coarse grid over the attention and overlap figures; keep the best fit.
+    grid = []
+    for values in itertools.product(*(GRID_STARTS[n] for n in names if n in GRID_STARTS)):
+        x = x0.copy()
+        for n, v in zip([n for n in names if n in GRID_STARTS], values):
+            x[names.index(n)] = v
+        grid.append((float(np.sum(residuals(x) ** 2)), x))
+    grid.sort(key=lambda item: item[0])
+    best = None
+    for x_start in [x0] + [x for _, x in grid[:GRID_KEEP]]:
+        res = least_squares(residuals, x_start, bounds=(lo, hi), diff_step=1e-3, xtol=1e-6, ftol=1e-8)
+        if best is None or res.cost < best.cost:
+            best = res
+    return {**fixed, **_from_x(best.x, names)}
 
 
 def fit_device_kinds(rows_subset: list[PublishedRun] | None = None) -> dict[str, dict[str, float]]:

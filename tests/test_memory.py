@@ -1,0 +1,231 @@
+"""Peak memory per device: model states under each sharding, activations, pipeline schedules
+and the fit check, each against a hand count from planner/cost/memory.py's accounting
+(mixed precision: 2-byte working weights, 4-byte master, 4-byte gradients, 8 bytes of AdamW
+moments). Byte counts are exact; ratios are compared to 1e-12 (float rounding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from machine_models import load_machine
+from planner.cost import flops, memory
+from planner.cost.layout import (
+    RC_FULL,
+    RC_NONE,
+    RC_SELECTIVE,
+    SC_1F1B,
+    SC_GPIPE,
+    SC_INTERLEAVED,
+    SC_NONE,
+    SH_FSDP,
+    SH_GRAD_OP,
+    SH_HSDP,
+    SH_NONE,
+    SH_ZERO1,
+    SH_ZERO2,
+    Layouts,
+)
+from planner.cost.step import evaluate
+from planner.presets import get_model
+from planner.specs import Precision, TrainingJob
+
+GIB = 2.0**30
+TIGHT = dict(rel=1e-12)
+
+
+def lay(**kw) -> Layouts:
+    d = dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1, mbs=1, gas=1, vpp=1, schedule=SC_NONE, sharding=SH_NONE,
+             recompute=RC_NONE, sp=0)
+    d.update(kw)
+    return Layouts(**d)
+
+
+def job(gb=8, seq=512, precision=Precision.bf16) -> TrainingJob:
+    return TrainingJob(global_batch=gb, seq_len=seq, precision=precision)
+
+
+def states_per_param(model, j, layouts) -> np.ndarray:
+    P = flops.total_params(model)
+    p, g, o = memory.model_state_bytes(model, j, layouts)
+    return (p + g + o) / P
+
+
+# --- model states --------------------------------------------------------------------------------
+
+
+def test_sharding_bytes_per_parameter_mixed_precision():
+    """dp = 8, pp = tp = 1, bf16 compute:
+    none  = 2 + 4 + 4 + 8       = 18
+    zero1 = 2 + 4 + (4 + 8)/8   = 7.5   (working weights and gradients replicated)
+    zero2 = 2 + (4 + 4 + 8)/8   = 4     (only the working weights replicated)
+    fsdp  = (4 + 4 + 8)/8       = 2     (16-bit copies are gathered per block: buffers)"""
+    m, j = get_model("protein-7b"), job()
+    L = Layouts.concat([
+        lay(dp_replicate=8, sharding=SH_NONE),
+        lay(dp_shard=8, sharding=SH_ZERO1),
+        lay(dp_shard=8, sharding=SH_ZERO2),
+        lay(dp_shard=8, sharding=SH_FSDP),
+        lay(dp_shard=8, sharding=SH_GRAD_OP),
+        lay(dp_replicate=2, dp_shard=4, sharding=SH_HSDP),
+    ])
+    got = states_per_param(m, j, L)
+    assert list(got) == pytest.approx([18.0, 6 + 12 / 8, 2 + 16 / 8, 16 / 8, 16 / 8, 16 / 4], **TIGHT)
+    assert got[0] > got[1] > got[2] > got[3]
+    # Each part separately for ZeRO-1: params 2 + 4/8, gradients 4, moments 8/8.
+    P = flops.total_params(m)
+    p, g, o = (x / P for x in memory.model_state_bytes(m, j, L))
+    assert (p[1], g[1], o[1]) == pytest.approx((2.5, 4.0, 1.0), **TIGHT)
+    assert (p[2], g[2], o[2]) == pytest.approx((2.5, 0.5, 1.0), **TIGHT)
+
+
+def test_sharding_bytes_per_parameter_fp32():
+    # fp32: no separate master copy: none 4 + 4 + 8 = 16, zero1 4 + 4 + 8/8, zero2 4 + 12/8, fsdp 16/8.
+    m, j = get_model("protein-small"), job(precision=Precision.fp32)
+    L = Layouts.concat([lay(dp_replicate=8), lay(dp_shard=8, sharding=SH_ZERO1), lay(dp_shard=8, sharding=SH_ZERO2),
+                        lay(dp_shard=8, sharding=SH_FSDP)])
+    assert list(states_per_param(m, j, L)) == pytest.approx([16.0, 9.0, 5.5, 2.0], **TIGHT)
+
+
+def test_shard_group_includes_cp_and_tp_divides():
+    m, j = get_model("protein-7b"), job()
+    P = flops.total_params(m)
+    # FSDP over dp_shard 4 x cp 2 = 8 ranks, with tp 2: 16 / 8 / 2 bytes per parameter.
+    L = lay(dp_shard=4, cp=2, tp=2, sharding=SH_FSDP)
+    p, g, o = memory.model_state_bytes(m, j, L)
+    assert float((p + g + o)[0]) == pytest.approx(16 * P / 8 / 2, **TIGHT)
+
+
+def test_pipeline_stage_holds_its_blocks_and_the_larger_end():
+    m = get_model("protein-7b")  # 32 layers
+    L = Layouts.concat([lay(pp=1), lay(pp=4), lay(pp=5)])
+    emb, head, block = flops.embedding_params(m), flops.head_params(m), flops.layer_params(m)
+    assert list(memory.stage_params(m, L)) == [32 * block + emb + head, 8 * block + max(emb, head), 7 * block + max(emb, head)]
+
+
+def test_sharding_order_of_total_memory_in_evaluate():
+    """Whole-device memory (states, buffers, activations, reserve) keeps the order
+    none > zero1 > zero2 > fsdp for a 7B model on one 8-GPU node."""
+    m, mach = get_model("protein-7b"), load_machine("dgx-h100")
+    j = job(gb=8)
+    L = Layouts.concat([lay(dp_replicate=8), lay(dp_shard=8, sharding=SH_ZERO1), lay(dp_shard=8, sharding=SH_ZERO2),
+                        lay(dp_shard=8, sharding=SH_FSDP)])
+    total = evaluate(m, mach, j, L).memory.total
+    assert total[0] > total[1] > total[2] > total[3]
+    # 18 B/param of 6.5e9 parameters does not fit in 80 GiB; fsdp's 2 B/param does.
+    ev = evaluate(m, mach, j, L)
+    assert not ev.memory.fits[0] and ev.memory.fits[3]
+
+
+# --- activations ---------------------------------------------------------------------------------
+
+
+def test_layer_activations_by_hand():
+    """One Llama block, mbs 2 x seq 512, tp 4 without sequence parallelism, bf16:
+    attention keeps its norm input and output (2 stream), Q K V, the context, and the fp32
+    softmax statistics; the MLP its norm input and output (2 stream), gate, up, act(gate),
+    and their product. A stream tensor is T x h x 2 bytes, split over tp only with sp."""
+    m, mach = get_model("protein-3.5b"), load_machine("dgx-h100")
+    j = job(seq=512)
+    T, h, f, t, B = 2 * 512, m.hidden, m.ffn_hidden, 4, 2
+    kv = m.kv_heads * m.head_dim
+    stream = T * h * B
+    attention = 2 * stream + T * (h + 2 * kv) * B / t + T * h * B / t + T * (m.heads / t) * 4
+    mlp = 2 * stream + 4 * T * f * B / t
+    got = memory.layer_activation_bytes(m, mach, j, lay(tp=4, mbs=2))
+    assert float(got[0]) == pytest.approx(attention + mlp, **TIGHT)
+
+
+def test_sequence_parallel_divides_residual_stream_by_tp():
+    m, mach = get_model("protein-3.5b"), load_machine("dgx-h100")
+    j = job(seq=512)
+    T, B = 512, 2
+    for t in (2, 4, 8):
+        without, with_sp = memory.layer_activation_bytes(m, mach, j, Layouts.concat([lay(tp=t), lay(tp=t, sp=1)]))
+        # Four residual-stream tensors per block go from T h B to T h B / t.
+        assert without - with_sp == pytest.approx(4 * T * m.hidden * B * (1 - 1 / t), **TIGHT)
+        # With sp every kept tensor is split over tp: exactly 1/t of the tp = 1 block.
+        one = float(memory.layer_activation_bytes(m, mach, j, lay(tp=1))[0])
+        assert with_sp == pytest.approx(one / t, **TIGHT)
+
+
+def test_full_recompute_keeps_only_block_inputs():
+    m, mach = get_model("protein-3.5b"), load_machine("dgx-h100")
+    j = job(seq=512)
+    L = Layouts.concat([lay(mbs=4, recompute=RC_NONE), lay(mbs=4, recompute=RC_SELECTIVE), lay(mbs=4, recompute=RC_FULL)])
+    per_mb, fixed = memory.activation_bytes(m, mach, j, L)
+    stream = 4 * 512 * m.hidden * 2
+    per_layer = float(memory.layer_activation_bytes(m, mach, j, L)[0])
+    assert per_mb[2] == pytest.approx(m.layers * stream, **TIGHT)
+    assert per_mb[0] == pytest.approx(m.layers * per_layer, **TIGHT)
+    assert per_mb[2] < per_mb[0] / 10
+    # Fixed part: fp32 logits and their gradient, plus one block's working set under full.
+    logits = 2 * 4 * 4 * 512 * m.vocab_size
+    assert fixed[0] == pytest.approx(logits, **TIGHT)
+    assert fixed[2] == pytest.approx(logits + per_layer, **TIGHT)
+    # Flash attention stores no scores, so selective keeps as much as none.
+    assert per_mb[1] == per_mb[0]
+
+
+def test_selective_recompute_drops_the_scores_without_flash():
+    m = get_model("protein-small")
+    mach = load_machine("dgx-h100").model_copy(update={"flash_attention": False})
+    j = job(seq=256)
+    L = Layouts.concat([lay(mbs=2, tp=2), lay(mbs=2, tp=2, recompute=RC_SELECTIVE)])
+    per_mb, _ = memory.activation_bytes(m, mach, j, L)
+    scores = 2.0 * 2 * (m.heads / 2) * 256 * 256 * 2  # scores and probabilities, bf16
+    assert per_mb[0] - per_mb[1] == pytest.approx(m.layers * scores, **TIGHT)
+
+
+# --- pipeline schedules --------------------------------------------------------------------------
+
+
+def test_microbatches_in_flight_by_schedule():
+    f = memory.microbatches_in_flight
+    assert float(f(1, 16, 1, SC_NONE)) == 1.0
+    assert float(f(4, 16, 1, SC_GPIPE)) == 16.0  # every micro-batch's activations
+    assert float(f(4, 16, 1, SC_1F1B)) == 4.0  # at most pp in flight
+    assert float(f(4, 2, 1, SC_1F1B)) == 2.0  # fewer micro-batches than stages
+    # Interleaved: pp (1 + (pp - 1) / (pp v)) = 4 (1 + 3/8) = 5.5 for pp 4, v 2.
+    assert float(f(4, 16, 2, SC_INTERLEAVED)) == pytest.approx(5.5, **TIGHT)
+    assert float(f(8, 64, 4, SC_INTERLEAVED)) == pytest.approx(8 * (1 + 7 / 32), **TIGHT)
+    # More virtual stages approach 1F1B's pp from above.
+    assert float(f(4, 16, 2, SC_INTERLEAVED)) > float(f(4, 16, 4, SC_INTERLEAVED)) > 4.0
+
+
+def test_gpipe_holds_more_activations_than_1f1b():
+    m, mach = get_model("protein-3.5b"), load_machine("dgx-h100")
+    j = job(gb=32)
+    L = Layouts.concat([
+        lay(pp=4, dp_replicate=2, mbs=1, gas=16, schedule=SC_GPIPE),
+        lay(pp=4, dp_replicate=2, mbs=1, gas=16, schedule=SC_1F1B),
+        lay(pp=4, dp_replicate=2, mbs=1, gas=16, schedule=SC_INTERLEAVED, vpp=2),
+    ])
+    acts = evaluate(m, mach, j, L).memory.activations
+    per_mb, fixed = memory.activation_bytes(m, mach, j, L)
+    assert acts[0] == pytest.approx(16 * per_mb[0] + fixed[0], **TIGHT)
+    assert acts[1] == pytest.approx(4 * per_mb[1] + fixed[1], **TIGHT)
+    assert acts[2] == pytest.approx(5.5 * per_mb[2] + fixed[2], **TIGHT)
+    assert acts[0] > acts[2] > acts[1]
+
+
+# --- the fit check -------------------------------------------------------------------------------
+
+
+def test_fits_flips_when_device_memory_drops_below_total():
+    m, mach = get_model("protein-3.5b"), load_machine("dgx-h100")
+    j = job(gb=8)
+    L = lay(dp_shard=8, sharding=SH_ZERO1)
+    ev = evaluate(m, mach, j, L)
+    total_gib = float(ev.memory.total[0]) / GIB
+    parts = ev.memory
+    assert float(parts.total[0]) == pytest.approx(float(parts.parameters[0] + parts.gradients[0] + parts.optimizer[0]
+                                                         + parts.activations[0] + parts.buffers[0] + parts.reserve[0]), **TIGHT)
+    # Reserve = fragmentation x allocated + the fixed reserve.
+    allocated = float(parts.total[0] - parts.reserve[0])
+    assert float(parts.reserve[0]) == pytest.approx(allocated * mach.fragmentation_fraction + mach.memory_reserve_gib * GIB, **TIGHT)
+    above = evaluate(m, mach.model_copy(update={"device_memory_gib": total_gib * 1.001}), j, L)
+    below = evaluate(m, mach.model_copy(update={"device_memory_gib": total_gib * 0.999}), j, L)
+    assert bool(above.memory.fits[0]) and not bool(below.memory.fits[0])
+    # The total itself does not depend on the capacity.
+    assert float(below.memory.total[0]) == float(ev.memory.total[0])
