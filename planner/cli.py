@@ -187,6 +187,18 @@ def _estimate_json(ev, i: int) -> dict:
     )
 
 
+def _default_shard_group(dp: int, per_node: int) -> int:
+    """HSDP's default shard group: the data-parallel ranks of one node (the largest divisor of
+    dp that fits in a node and leaves at least 2 replicas), else the smallest legal group."""
+    from planner.specs import divisors
+
+    legal = [g for g in divisors(dp) if g >= 2 and dp // g >= 2]
+    if not legal:
+        raise PlanError(f"hsdp needs dp >= 4 to have both shards and replicas; dp is {dp}", field="dp")
+    inside = [g for g in legal if g <= per_node]
+    return max(inside) if inside else min(legal)
+
+
 def _layout_from_args(args, machine) -> "object":
     from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Layouts
     from planner.plan import Recompute, Schedule, Sharding
@@ -197,9 +209,10 @@ def _layout_from_args(args, machine) -> "object":
     kind = Sharding(args.shard)
     dp_replicate, dp_shard = (args.dp, 1) if kind == Sharding.none else (1, args.dp)
     if kind == Sharding.hsdp:
-        group = args.shard_group or max(min(args.dp, machine.devices_per_node // max(args.tp * args.cp, 1)), 2)
-        if args.dp % group:
-            raise PlanError(f"{group} does not divide dp ({args.dp})", field="shard_group")
+        group = args.shard_group or _default_shard_group(args.dp, machine.devices_per_node // max(args.tp * args.cp, 1))
+        if args.dp % group or group < 2 or args.dp // group < 2:
+            raise PlanError(f"hsdp needs a shard group of at least 2 that divides dp ({args.dp}) into at least 2 replicas; "
+                            f"got {group}", field="shard_group")
         dp_replicate, dp_shard = args.dp // group, group
     elif args.shard_group is not None:
         raise PlanError("only hsdp takes a shard group", field="shard_group")

@@ -13,6 +13,7 @@ from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, SH_NONE, Layou
 from planner.cost.memory import GIB, activation_bytes, microbatches_in_flight
 from planner.cost.step import Evaluation
 from planner.plan import (
+    EXPLICIT_RANKS_UP_TO,
     CollectiveChoice,
     Collectives,
     Communicator,
@@ -170,4 +171,6 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,
                               command=command or shlex.join(["exaplan", *sys.argv[1:]])),
     )
+    if plan.world_size <= EXPLICIT_RANKS_UP_TO:
+        plan.rank_mapping.ranks = plan.rank_table()
     return seal(plan)

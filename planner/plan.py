@@ -86,6 +86,20 @@ class Mesh(Spec):
         return self.dp_replicate * self.dp_shard
 
 
+class RankMapping(Spec):
+    """Where each global rank runs. Ranks fill nodes in order (node = rank // ranks_per_node,
+    device = rank % ranks_per_node) and take mesh coordinates row-major over `axis_order`
+    (the last axis, tp, varies fastest). `ranks` spells the mapping out for small worlds."""
+
+    axis_order: list[str] = Field(default_factory=lambda: list(MESH_AXES))
+    node_of_rank: Literal["rank // ranks_per_node"] = "rank // ranks_per_node"
+    device_of_rank: Literal["rank % ranks_per_node"] = "rank % ranks_per_node"
+    ranks: list[list[int]] = Field(default_factory=list, description="[rank, node, device, pp, dp_replicate, dp_shard, cp, tp] rows (worlds of at most 64 ranks)")
+
+
+EXPLICIT_RANKS_UP_TO = 64
+
+
 class StageAssignment(Spec):
     """One (virtual) pipeline stage: layers [first_layer, last_layer) on pipeline rank pp_rank."""
 
@@ -172,6 +186,7 @@ class Plan(Spec):
     nodes: PosInt
     ranks_per_node: PosInt
     mesh: Mesh
+    rank_mapping: RankMapping = Field(default_factory=RankMapping)
     micro_batch_size: PosInt
     grad_accumulation_steps: PosInt
     sequence_parallel: bool = False
@@ -200,10 +215,18 @@ class Plan(Spec):
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """Mesh coordinates of a global rank (row-major over MESH_AXES, tp fastest)."""
-        out: dict[str, int] = {}
-        for axis, degree in reversed(list(zip(MESH_AXES, self.mesh.degrees))):
-            rank, out[axis] = divmod(rank, degree)
-        return {a: out[a] for a in MESH_AXES}
+        return mesh_coordinates(self.mesh, rank)
+
+    def rank_table(self) -> list[list[int]]:
+        """[rank, node, device, *coordinates] for every rank."""
+        return [[r, *self.placement(r), *self.coordinates(r).values()] for r in range(self.world_size)]
+
+
+def mesh_coordinates(mesh: Mesh, rank: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for axis, degree in reversed(list(zip(MESH_AXES, mesh.degrees))):
+        rank, out[axis] = divmod(rank, degree)
+    return {a: out[a] for a in MESH_AXES}
 
 
 def plan_problems(plan: Plan) -> list[str]:
@@ -235,6 +258,10 @@ def plan_problems(plan: Plan) -> list[str]:
         p.append("sharding.kind hsdp needs dp_shard >= 2 and dp_replicate >= 2")
     if m.sharding.shard_group_size != mesh.dp_shard:
         p.append(f"sharding.shard_group_size ({m.sharding.shard_group_size}) != mesh.dp_shard ({mesh.dp_shard})")
+    if m.rank_mapping.axis_order != list(MESH_AXES):
+        p.append(f"rank_mapping.axis_order must be {list(MESH_AXES)}")
+    if m.rank_mapping.ranks and m.rank_mapping.ranks != plan.rank_table():
+        p.append("rank_mapping.ranks disagrees with the row-major rule over the mesh")
     p += _pipeline_problems(plan)
     return p
 
@@ -300,7 +327,7 @@ def dumps_plan(plan: Plan, fmt: str = "yaml") -> str:
         f"# exaplan plan (schema {SCHEMA_VERSION}) for {plan.model.name} on {plan.nodes} x {plan.machine.name}\n"
         f"# Regenerate with: {plan.provenance.command}\n"
     )
-    return header + yaml.safe_dump(body, sort_keys=False, width=100)
+    return header + yaml.safe_dump(body, sort_keys=False, width=100, default_flow_style=None)
 
 
 def write_plan(plan: Plan, path: str | Path, fmt: str | None = None) -> None:
@@ -312,8 +339,13 @@ def write_plan(plan: Plan, path: str | Path, fmt: str | None = None) -> None:
     try:
         tmp.write_text(text)
         tmp.replace(path)
+    except OSError as e:
+        raise PlanError(f"cannot write the plan: {e.strerror}", field=str(path)) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def load_plan(path: str | Path) -> Plan:

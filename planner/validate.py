@@ -164,18 +164,19 @@ def fit_one_kind(runs: list[PublishedRun], machine: MachineModel, start: dict[st
 
     # The exposed-traffic terms are max(traffic - overlap x compute, floor), flat where
     # every row sits at its floor, and the figures trade off against each other: a single
-    # start can stall. Start from the prior (or the given start) and from the best points
-    # of a coarse grid over the attention and overlap figures; keep the best fit.
+    # start can stall. Start from the prior and from the best points of a coarse grid over
+    # the attention and overlap figures, and keep the best fit; a given start (leave-one-
+    # out starts from the all-rows fit) is used alone.
     grid = []
-    for values in itertools.product(*(GRID_STARTS[n] for n in names if n in GRID_STARTS)):
+    for values in itertools.product(*(GRID_STARTS[n] for n in names if n in GRID_STARTS)) if start is None else []:
         x = x0.copy()
         for n, v in zip([n for n in names if n in GRID_STARTS], values):
             x[names.index(n)] = v
         grid.append((float(np.sum(residuals(x) ** 2)), x))
     grid.sort(key=lambda item: item[0])
     best = None
-    for x_start in [x0] + [x for _, x in grid[:GRID_KEEP]]:
-        res = least_squares(residuals, x_start, bounds=(lo, hi), diff_step=1e-3, xtol=1e-6, ftol=1e-8)
+    for x_start in [x0] + [x for _, x in grid[:GRID_KEEP if start is None else 0]]:
+        res = least_squares(residuals, x_start, bounds=(lo, hi), diff_step=1e-3, xtol=1e-4, ftol=1e-6)
         if best is None or res.cost < best.cost:
             best = res
     return {**fixed, **_from_x(best.x, names)}

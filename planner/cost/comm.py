@@ -94,11 +94,13 @@ def tree_allreduce(n, M, alpha, beta) -> np.ndarray:
 
 
 def rabenseifner_allreduce(n, M, alpha, beta) -> np.ndarray:
-    """Reduce-scatter by recursive halving + all-gather by recursive doubling:
-    2 log2(n) alpha + 2 (n-1)/n M / beta. A non-power-of-two n first folds the extra ranks
-    into a power of two and unfolds them at the end: 2 (alpha + M / beta) more."""
+    """Reduce-scatter by recursive halving + all-gather by recursive doubling on
+    p' = 2^floor(log2 n) ranks: 2 log2(p') alpha + 2 (p'-1)/p' M / beta. A non-power-of-two
+    n first folds its n - p' extra ranks into the others and unfolds them at the end:
+    2 (alpha + M / beta) more (Thakur, Rabenseifner & Gropp 2005)."""
     n = np.asarray(n, dtype=np.float64)
-    base = 2 * np.floor(np.log2(np.maximum(n, 1))) * alpha + 2 * (n - 1) / n * M / beta
+    p2 = 2.0 ** np.floor(np.log2(np.maximum(n, 1)))
+    base = 2 * np.log2(p2) * alpha + 2 * (p2 - 1) / p2 * M / beta
     extra = np.where(_non_pow2(n.astype(np.int64)), 2 * (alpha + M / beta), 0.0)
     return np.where(n > 1, base + extra, 0.0)
 

@@ -135,7 +135,8 @@ def buffer_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray
     P = stage_params(model, lay) / lay.tp
     s = lay.sharding
     fsdp_like = (s == SH_FSDP) | (s == SH_HSDP)
-    gathered = np.where(fsdp_like, 2 * block * working, np.where(s == SH_GRAD_OP, P * working, 0.0))
+    in_use = np.minimum(2.0, np.ceil(model.layers / lay.pp))  # the block in use and the prefetched one
+    gathered = np.where(fsdp_like, in_use * block * working, np.where(s == SH_GRAD_OP, P * working, 0.0))
     grads = np.where(fsdp_like | (s == SH_GRAD_OP), block * 4.0, 0.0)
     buckets = np.where((s == SH_ZERO2) | (s == SH_ZERO1) | (s == SH_NONE), 2 * 25e6, 0.0)
     return gathered + grads + buckets

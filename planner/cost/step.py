@@ -250,28 +250,42 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
 
 
 def _fix_algorithms(U: UnitCosts, M: MeshCosts, u_sp: np.ndarray, pair) -> tuple:
-    """Per-unit tp and per-mesh data-parallel terms under one choice of algorithms.
+    """Per-unit tp terms, per-mesh data-parallel terms (by rs/ag algorithm) and per-bucket S
+    terms under one choice of algorithms.
 
     pair = (allreduce, rs/ag) codes: the job-wide setting. pair = None: each communicator
-    takes its cheapest algorithm (for F/K the reduce-scatter/all-gather algorithm with the
-    least total traffic, for S per bucket size the allreduce with the least; exposure grows
-    with both total and floor, which shrink together, so this is the per-row optimum)."""
+    takes its cheapest algorithm; for S (once a step) the allreduce with the least traffic
+    for each bucket size (exposure grows with both total and floor, which scale together,
+    so this is the per-row optimum); the rs/ag choice is left to the row level, where the
+    per-micro-batch repetition is known."""
     if pair is not None:
         a, r = pair
         tp_mb = np.where(u_sp == 1, U.tp_mb[r], U.tp_mb[a])
         tp_code = np.where(u_sp == 1, r, a)
         S = [(M.S_total[a][k], M.S_floor[a][k], np.full(len(M.optimizer_s), a)) for k in range(len(DDP_BUCKETS_MB))]
-        return tp_mb, tp_code, M.F_total[r], M.F_floor[r], M.K_total[r], M.K_floor[r], np.full(len(M.optimizer_s), r), S
+        return tp_mb, tp_code, [r], S
     tp_mb, tp_code = _cheapest(U.tp_mb)
-    rs = list(M.F_total)
-    _, r_code = _cheapest({r: M.F_total[r] + M.K_total[r] for r in rs})
-    pick = lambda d: np.select([r_code == r for r in rs], [d[r] for r in rs])  # noqa: E731
     S = []
     for k in range(len(DDP_BUCKETS_MB)):
         total, a_code = _cheapest({a: M.S_total[a][k] for a in M.S_total})
         floor = np.select([a_code == a for a in M.S_total], [M.S_floor[a][k] for a in M.S_total])
         S.append((total, floor, a_code))
-    return tp_mb, tp_code, pick(M.F_total), pick(M.F_floor), pick(M.K_total), pick(M.K_floor), r_code, S
+    return tp_mb, tp_code, list(M.F_total), S
+
+
+def _cast(obj, dtype):
+    """A copy of a UnitCosts/MeshCosts with every float array (also inside dicts and lists)
+    cast to dtype."""
+    def conv(x):
+        if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+            return x.astype(dtype)
+        if isinstance(x, dict):
+            return {k: conv(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [conv(v) for v in x]
+        return x
+
+    return type(obj)(**{k: conv(v) for k, v in vars(obj).items()})
 
 
 @dataclass
@@ -294,25 +308,31 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
     units, meshes = space.units, space.meshes
     U = unit_costs(model, machine, job, units, tiers, (ar_codes, rsag_codes))
     M = mesh_costs(model, machine, job, meshes, tiers, (ar_codes, rsag_codes))
+    if not detail:
+        # The search ranks in float32 (half the memory traffic per row); the finalists are
+        # re-scored in float64 by `evaluate`.
+        U, M = _cast(U, np.float32), _cast(M, np.float32)
+    dtype = np.float64 if detail else np.float32
     u, mi = space.unit, space.mesh
     # Per unit: micro-batches and their work; the step repeats it m + (p-1)/v times.
-    m_u = units.gas.astype(np.float64)
-    repeats_u = m_u + (units.pp - 1) / units.vpp
+    m_u = units.gas.astype(dtype)
+    repeats_u = m_u + ((units.pp - 1) / units.vpp).astype(dtype)
     base_u = U.compute_mb + U.cp_mb + U.pp_mb
     m = m_u[u]
     fwd_mb = (U.compute_mb / 3.0)[u]
     bwd_mb = 2.0 * fwd_mb
     ov = machine.overlap.dp
-    F_reps = np.where(M.F_per_mb[mi], m, 1.0)
-    K_reps = np.where(M.K_per_mb[mi], m, 1.0)
+    F_reps = np.where(M.F_per_mb[mi], m, dtype(1.0))
+    K_reps = np.where(M.K_per_mb[mi], m, dtype(1.0))
 
     best = None
     for pair in [None] if fast else [(a, r) for a in ar_codes for r in rsag_codes]:
-        tp_mb_u, tp_code_u, Ft, Ff, Kt, Kf, r_code, S = _fix_algorithms(U, M, units.sp, pair)
-        dp = F_reps * np.maximum(Ft[mi] - ov * fwd_mb, Ff[mi]) + K_reps * np.maximum(Kt[mi] - ov * bwd_mb, Kf[mi])
+        tp_mb_u, tp_code_u, rsag, S = _fix_algorithms(U, M, units.sp, pair)
+        dp, r_code = _cheapest({r: F_reps * np.maximum(M.F_total[r][mi] - ov * fwd_mb, M.F_floor[r][mi])
+                                + K_reps * np.maximum(M.K_total[r][mi] - ov * bwd_mb, M.K_floor[r][mi]) for r in rsag})
         s_cost, k = _cheapest({j: np.maximum(St[mi] - ov * bwd_mb, Sf[mi]) for j, (St, Sf, _) in enumerate(S)})
         step = (repeats_u * (base_u + tp_mb_u))[u] + dp + s_cost + M.optimizer_s[mi]
-        cand = dict(step=step, dp=dp + s_cost, k=k, tp_code=tp_code_u[u], rs_code=r_code[mi],
+        cand = dict(step=step, dp=dp + s_cost, k=k, tp_code=tp_code_u[u], rs_code=r_code,
                     ar_code=np.select([k == j for j in range(len(S))], [S[j][2][mi] for j in range(len(S))]),
                     tp_mb=tp_mb_u[u])
         if best is None:
