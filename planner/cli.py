@@ -203,9 +203,6 @@ def _layout_from_args(args, machine) -> "object":
     from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Layouts
     from planner.plan import Recompute, Schedule, Sharding
 
-    for name in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
-        if getattr(args, name) <= 0:
-            raise PlanError("must be a positive integer", field=name)
     kind = Sharding(args.shard)
     dp_replicate, dp_shard = (args.dp, 1) if kind == Sharding.none else (1, args.dp)
     if kind == Sharding.hsdp:
@@ -238,6 +235,9 @@ def cmd_estimate(args) -> int:
     from planner.report import breakdown_table, layout_label, memory_table
     from planner.search.space import layout_problems
 
+    for name in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
+        if getattr(args, name) <= 0:
+            raise PlanError("must be a positive integer", field=name)
     if args.global_batch is None:
         args.global_batch = args.dp * args.mbs
     model, machine, job = _inputs(args)

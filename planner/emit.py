@@ -100,7 +100,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
     ar_alg = comm.ALGORITHMS[int(ev.allreduce_algorithm[i])]
     rsag_alg = comm.ALGORITHMS[int(ev.rsag_algorithm[i])]
     data_parallel = one.grad_group[0] > 1
-    dp_allreduce = data_parallel and kind in (Sharding.none, Sharding.zero1, Sharding.hsdp)
+    dp_allreduce = data_parallel and kind in (Sharding.none, Sharding.hsdp)
     dp_rsag = data_parallel and kind != Sharding.none
     tp_allreduce = row["tp"] > 1 and not row["sp"]
     tp_rsag = row["tp"] > 1 and bool(row["sp"])
@@ -120,8 +120,8 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
     grad_n = int(one.grad_group[0])
     if grad_n > 1:
         comms[Communicator.dp] = CollectiveChoice(
-            op={Sharding.none: "allreduce", Sharding.zero1: "allreduce+all_gather"}.get(kind, "reduce_scatter+all_gather"),
-            algorithm=ar_alg if kind in (Sharding.none, Sharding.zero1) else rsag_alg,
+            op="allreduce" if kind == Sharding.none else "reduce_scatter+all_gather",
+            algorithm=ar_alg if kind == Sharding.none else rsag_alg,
             ranks=grad_n, nodes_spanned=spanned(grad_n, row["tp"]), bytes_per_step=float(P * 4 + (P * B if sharded else 0)))
     if row["tp"] > 1:
         calls = 4 * model.layers / row["pp"] * row["gas"]

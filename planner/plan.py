@@ -129,7 +129,7 @@ class ShardingOptions(Spec):
 class CollectiveChoice(Spec):
     """The collective one communicator runs, and how: its size and where its ranks sit."""
 
-    op: Literal["allreduce", "allreduce+all_gather", "reduce_scatter+all_gather", "send_recv"]
+    op: Literal["allreduce", "reduce_scatter+all_gather", "send_recv"]
     algorithm: Algorithm
     ranks: PosInt
     nodes_spanned: PosInt

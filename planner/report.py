@@ -54,7 +54,7 @@ def top_table(lay: Layouts, ev: Evaluation, title: str) -> Table:
 
 
 PARTS = (("compute", "compute_s"), ("pipeline bubble", "bubble_s"), ("exposed dp/fsdp traffic", "dp_s"),
-         ("exposed tp traffic", "tp_s"), ("pipeline p2p", "pp_s"), ("cp ring traffic", "cp_s"), ("optimizer", "optimizer_s"))
+         ("exposed tp traffic", "tp_s"), ("pipeline p2p", "pp_s"), ("cp ring traffic", "cp_s"), ("optimizer + step overhead", "optimizer_s"))
 
 
 def why_best(lay: Layouts, ev: Evaluation) -> str:
@@ -147,7 +147,7 @@ def explain_plan(plan: Plan, console: Console) -> None:
     tt.add_row("step time", _fmt_time(pr.step_time_s))
     tt.add_row("  compute", _fmt_time(pr.step_time.compute_s))
     tt.add_row("  pipeline bubble", _fmt_time(pr.step_time.bubble_s))
-    tt.add_row("  optimizer", _fmt_time(pr.step_time.optimizer_s))
+    tt.add_row("  optimizer + step overhead", _fmt_time(pr.step_time.optimizer_s))
     for k, v in pr.step_time.exposed_comm_s.items():
         tt.add_row(f"  exposed {k.value} traffic", _fmt_time(v))
     tt.add_row("tokens/s", f"{pr.tokens_per_s:,.0f}")

@@ -146,6 +146,9 @@ class MachineModel(Spec):
     algorithms: list[Algorithm] = Field(description="Allreduce algorithms the library can be told to use.")
     nodes: PosInt = Field(description="Nodes in the whole system.")
     overlap: Overlap = Field(default_factory=Overlap)
+    step_overhead_s: float = Field(
+        0.0, ge=0, description="Fixed cost of every optimizer step in the training framework (launches, clipping, loss sync), s."
+    )
     memory_reserve_gib: float = Field(2.0, ge=0, description="Per device: runtime context, workspace (GiB).")
     fragmentation_fraction: Fraction = Field(0.1, description="Extra fraction of allocated memory lost to fragmentation.")
     calibrated: bool = Field(False, description="True when the efficiency figures were measured or fitted.")

@@ -77,30 +77,21 @@ def test_rabenseifner_power_of_two_by_hand():
 
 
 def test_rabenseifner_non_power_of_two_pays_an_extra_exchange():
-    """n = 6 folds 2 extra ranks into 4 and unfolds them at the end: 2 (alpha + M/beta) more
-    than the power-of-two algorithm, so with a large message 6 ranks cost more than 8."""
+    """n = 6 folds its 2 extra ranks into p' = 4 and unfolds them at the end (Thakur,
+    Rabenseifner & Gropp 2005): recursive halving/doubling on 4 ranks, 2 log2(4) alpha +
+    2 (3/4) M/beta, plus 2 (alpha + M/beta). With a large message 6 ranks cost more than 8."""
     M = 80 * MB
     six = float(comm.rabenseifner_allreduce(6, M, ALPHA, BETA))
     eight = float(comm.rabenseifner_allreduce(8, M, ALPHA, BETA))
     four = float(comm.rabenseifner_allreduce(4, M, ALPHA, BETA))
     assert six > eight > four
-    # The extra exchange, as implemented: 2 floor(log2 6) alpha + 2 (n-1)/n M/beta + 2 (alpha + M/beta).
-    implemented = 2 * 2 * ALPHA + 2 * 5 / 6 * M / BETA + 2 * (ALPHA + M / BETA)
-    assert six == pytest.approx(implemented, **EXACT)
+    p_prime = 4
+    expected = 2 * math.log2(p_prime) * ALPHA + 2 * (p_prime - 1) / p_prime * M / BETA + 2 * (ALPHA + M / BETA)
+    assert six == pytest.approx(expected, **EXACT)
+    # Exactly the 4-rank algorithm plus the fold and unfold.
+    assert six - four == pytest.approx(2 * (ALPHA + M / BETA), **EXACT)
     # Ring has no power-of-two penalty: 6 ranks are cheaper than 8.
     assert float(comm.ring_allreduce(6, M, ALPHA, BETA)) < float(comm.ring_allreduce(8, M, ALPHA, BETA))
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "comm.rabenseifner_allreduce: after folding a non-power-of-two n into p' = 2^floor(log2 n) "
-    "ranks, recursive halving/doubling runs on p' ranks, so its bandwidth term is "
-    "2 (p'-1)/p' M/beta (Thakur, Rabenseifner & Gropp 2005), not 2 (n-1)/n M/beta; the "
-    "latency term already uses p'"))
-def test_rabenseifner_non_power_of_two_inner_part_runs_on_p_prime_ranks():
-    M = 80 * MB
-    p_prime = 4  # for n = 6
-    expected = 2 * math.log2(p_prime) * ALPHA + 2 * (p_prime - 1) / p_prime * M / BETA + 2 * (ALPHA + M / BETA)
-    assert float(comm.rabenseifner_allreduce(6, M, ALPHA, BETA)) == pytest.approx(expected, **EXACT)
 
 
 def test_point_to_point():

@@ -259,8 +259,9 @@ def test_failed_write_keeps_the_old_file_and_no_temporary(a_plan, tmp_path, monk
         raise OSError("disk full")
 
     monkeypatch.setattr(Path, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(PlanError, match="cannot write the plan") as err:
         write_plan(a_plan, target)
+    assert err.value.field == str(target)
     assert os.listdir(tmp_path) == ["plan.yaml"]
     assert target.read_text() == "old contents\n"
 

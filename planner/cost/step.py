@@ -40,7 +40,7 @@ from planner.errors import PlanError
 from planner.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Precision, TrainingJob, Workload, bytes_per_element
 
 DDP_BUCKETS_MB = (25.0, 100.0, 400.0)
-ZERO_BUCKET_BYTES = 25e6
+ZERO_BUCKET_PARAMS = 40e6
 GIB = 2.0**30
 
 
@@ -145,7 +145,9 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     for a in sorted(set(ar_codes) | set(rsag_codes)):
         ar_cost = comm.allreduce(a, pl_tp, M_act) if a in ar_codes else np.inf
         sp_cost = 2 * comm.reduce_scatter(a, pl_tp, M_act) if a in rsag_codes else np.inf
-        tp_mb[a] = calls * np.where(u.sp == 1, sp_cost, ar_cost)
+        cost = np.where(u.sp == 1, sp_cost, ar_cost)  # inf where the library lacks the algorithm
+        with np.errstate(invalid="ignore"):
+            tp_mb[a] = np.where(calls > 0, calls * cost, 0.0)
     # Context parallel: K and V pass around the ring of cp ranks (forward once, backward
     # twice for K, V and their gradients, again when recomputed).
     pl_cp = comm.place(u.cp, t, tiers)
@@ -201,13 +203,14 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     fsdp = (s == SH_FSDP) | (s == SH_GRAD_OP) | (s == SH_HSDP)
     ar_codes, rsag_codes = algos
     F_total, F_floor, K_total, K_floor, S_total, S_floor = {}, {}, {}, {}, {}, {}
+    # ZeRO-1/2 reduce-scatter fp32 gradients in buckets of max(40M, 1M x dp) parameters
+    # (Megatron-LM's distributed optimizer): ZeRO-1 once a step under the last backward,
+    # ZeRO-2 every micro-batch; both all-gather the updated 16-bit weights under the next
+    # forward. FSDP all-gathers each block before forward (and again before backward when
+    # resharded) and reduce-scatters its gradients.
+    zero_bucket_bytes = 4.0 * np.maximum(ZERO_BUCKET_PARAMS, 1e6 * m.grad_group)
+    zb = np.maximum(np.ceil(M_grad / zero_bucket_bytes), 1)
     for r in rsag_codes:
-        # ZeRO-1 reduces gradients like DDP (S below; torch's ZeroRedundancyOptimizer under
-        # DDP and DeepSpeed stage 1 allreduce them) and ZeRO-2 reduce-scatters them every
-        # micro-batch in 25 MB buckets; both all-gather the updated 16-bit weights under the
-        # next forward. FSDP all-gathers each block before forward (and again before
-        # backward when resharded) and reduce-scatters its gradients.
-        zb = np.maximum(np.ceil(M_grad / ZERO_BUCKET_BYTES), 1)
         zero_rs = comm.reduce_scatter(r, pl_grad, M_grad / zb)
         ag_grad_group = comm.all_gather(r, pl_grad, M_w)
         ag_block = comm.all_gather(r, pl_shard, M_w / n_blocks)
@@ -215,13 +218,13 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
         refetch = np.where(s == SH_GRAD_OP, 0.0, 1.0)
         F_total[r] = np.where(zero, ag_grad_group, np.where(fsdp, n_blocks * ag_block, 0.0))
         F_floor[r] = np.where(zero, ag_grad_group / n_blocks, np.where(fsdp, ag_block, 0.0))
-        K_total[r] = np.where(s == SH_ZERO2, zb * zero_rs, np.where(fsdp, n_blocks * (refetch * ag_block + rs_block), 0.0))
-        K_floor[r] = np.where(s == SH_ZERO2, zero_rs, np.where(fsdp, rs_block, 0.0))
+        K_total[r] = np.where(zero, zb * zero_rs, np.where(fsdp, n_blocks * (refetch * ag_block + rs_block), 0.0))
+        K_floor[r] = np.where(zero, zero_rs, np.where(fsdp, rs_block, 0.0))
         for d in (F_total, F_floor, K_total, K_floor):
             d[r] = np.where(single, 0.0, d[r])
-    allreduced = (s == SH_NONE) | (s == SH_ZERO1)
+    allreduced = s == SH_NONE
     for a in ar_codes:
-        # DDP and ZeRO-1: bucketed allreduce of all gradients; HSDP: allreduce of the
+        # DDP: bucketed allreduce of all gradients; HSDP: allreduce of the
         # shards across replicas. Once a step, under the last micro-batch's backward.
         S_total[a], S_floor[a] = [], []
         for mb in DDP_BUCKETS_MB:
@@ -235,7 +238,10 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
             S_floor[a].append(per)
     params, grads, opt = model_state_bytes(model, job, m)
     opt_params = np.where(s == SH_NONE, P, P / G)
+    # AdamW reads and writes its shard (fp32 weights, gradients, two moments, the 16-bit
+    # copy), plus the framework's fixed cost per step.
     optimizer_s = opt_params * (30.0 if job.precision != Precision.fp32 else 28.0) / (machine.memory_bandwidth_gbps * 1e9)
+    optimizer_s = optimizer_s + machine.step_overhead_s
     return MeshCosts(
         F_total, F_floor, K_total, K_floor,
         F_per_mb=fsdp, K_per_mb=fsdp | (s == SH_ZERO2),

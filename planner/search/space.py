@@ -114,6 +114,10 @@ def layout_problems(model: ModelSpec, job: TrainingJob, world: int, lay: Layouts
         out.append("sp: sequence parallelism needs tp > 1")
     if r["sharding"] == SH_HSDP and (r["dp_shard"] < 2 or r["dp_replicate"] < 2):
         out.append(f"shard_group: hsdp needs a shard group of at least 2 that divides dp ({dp}) at most dp/2")
+    if r["sharding"] == SH_NONE and r["dp_shard"] != 1:
+        out.append("shard: none (DDP) replicates over dp_replicate; dp_shard must be 1")
+    if r["sharding"] not in (SH_NONE, SH_HSDP) and r["dp_replicate"] != 1:
+        out.append(f"shard: {SHARDINGS[r['sharding']].value} shards over every data-parallel rank; dp_replicate must be 1")
     if r["sharding"] != SH_NONE and dp * cp == 1:
         out.append("shard: sharding needs more than one data-parallel (or cp) rank")
     return out
