@@ -21,6 +21,7 @@ EPILOG = """examples:
   exaplan estimate --model protein-3.5b --machine frontier --nodes 8 --tp 1 --pp 1 --dp 64 --mbs 8 \\
       --global-batch 512 --shard zero1 --recompute none
   exaplan explain plan.yaml
+  exaplan capacity --model protein-3.5b --machine frontier --tokens 1e12 --deadline-days 7
   exaplan validate --published
   exaplan schema plan
 """
@@ -90,6 +91,21 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--published", action="store_true", required=True, help="check against the published runs")
     v.add_argument("--refit", action="store_true", help="refit the per-device-kind efficiency figures and save them")
     v.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("capacity", help="time-to-train against node count; the fewest nodes that meet a deadline",
+                       description="Search the best layout at each node count and report tokens/s and days to train "
+                                   "the token budget; with --deadline-days, the fewest nodes that meet it.")
+    c.add_argument("--model", required=True, help="preset or ModelSpec YAML file")
+    c.add_argument("--machine", required=True, help="preset or MachineModel YAML file")
+    c.add_argument("--tokens", type=float, required=True, help="tokens to train on")
+    c.add_argument("--deadline-days", type=float, help="report the fewest nodes that finish within this many days")
+    c.add_argument("--nodes", help="comma-separated node counts (default: powers of two up to the machine's size)")
+    c.add_argument("--global-batch", type=int, help="hold this global batch at every size (default: 8 sequences per rank, "
+                                                      "i.e. weak scaling as in the seed runs)")
+    c.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
+    c.add_argument("--precision", choices=["bf16", "fp16", "fp32"])
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP)
+    c.add_argument("--json", action="store_true")
 
     ls = sub.add_parser("list", help="list model and machine presets")
     ls.add_argument("--json", action="store_true")
@@ -298,6 +314,61 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_capacity(args) -> int:
+    from dataclasses import asdict
+
+    from planner.capacity import default_node_counts, smallest_meeting, sweep
+    from planner.inputs import make_job
+    from planner.report import capacity_table
+
+    if args.tokens <= 0:
+        raise PlanError("must be positive", field="tokens")
+    if args.deadline_days is not None and args.deadline_days <= 0:
+        raise PlanError("must be positive", field="deadline-days")
+    args.nodes_list, args.nodes, args.token_budget = args.nodes, 1, args.tokens
+    model, machine, _ = _inputs(args)
+    if args.nodes_list:
+        try:
+            counts = [int(x) for x in args.nodes_list.split(",") if x.strip()]
+        except ValueError:
+            raise PlanError(f"expected comma-separated integers, got {args.nodes_list!r}", field="nodes") from None
+        bad = [n for n in counts if n <= 0 or n > machine.nodes]
+        if not counts or bad:
+            raise PlanError(f"node counts must be between 1 and {machine.nodes} ({machine.name}); got {bad or 'none'}", field="nodes")
+    else:
+        counts = default_node_counts(machine)
+
+    def job_for(world: int):
+        return make_job(model, machine, world, args.global_batch, args.seq_len, args.precision, args.tokens)
+
+    if args.json:
+        rows = sweep(model, machine, job_for, counts)
+    else:
+        from rich.progress import Progress
+
+        console = _console(args)
+        rows = []
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("searching", total=len(counts))
+            for n in counts:
+                progress.update(task, description=f"searching {n} nodes")
+                rows += sweep(model, machine, job_for, [n])
+                progress.advance(task)
+    best = smallest_meeting(rows, args.deadline_days) if args.deadline_days else None
+    if args.json:
+        print(json.dumps(dict(rows=[asdict(r) for r in rows], deadline_days=args.deadline_days,
+                              fewest_nodes=best.nodes if best else None), indent=2))
+        return 0
+    console.print(capacity_table(rows, model.name, machine.name, args.tokens, best))
+    if args.deadline_days:
+        if best:
+            console.print(f"fewest nodes that train {args.tokens:.3g} tokens within {args.deadline_days:g} days: "
+                          f"[b]{best.nodes}[/b] ({best.days:.2f} days, {best.layout})")
+        else:
+            console.print(f"no node count tried meets {args.deadline_days:g} days")
+    return 0
+
+
 def cmd_list(args) -> int:
     from machine_models import list_machines
     from planner.cost.flops import total_params
@@ -315,7 +386,7 @@ def cmd_list(args) -> int:
 
 
 COMMANDS = {"plan": cmd_plan, "estimate": cmd_estimate, "explain": cmd_explain, "schema": cmd_schema,
-            "validate": cmd_validate, "list": cmd_list}
+            "validate": cmd_validate, "capacity": cmd_capacity, "list": cmd_list}
 
 
 def main(argv: list[str] | None = None) -> int:

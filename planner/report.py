@@ -162,3 +162,18 @@ def explain_plan(plan: Plan, console: Console) -> None:
     v = p.provenance
     console.print(f"made by exaplan {v.exaplan_version} (cost model {v.cost_model_version}); regenerate: {v.command}")
     console.print(f"content hash {v.content_hash[:16]}... (checked)")
+
+
+def capacity_table(rows, model: str, machine: str, tokens: float, best=None) -> Table:
+    t = Table(title=f"{model} on {machine}: time to train {tokens:.3g} tokens", title_justify="left")
+    for col, just in (("nodes", "right"), ("ranks", "right"), ("global batch", "right"), ("best layout", "left"),
+                      ("step", "right"), ("tokens/s", "right"), ("MFU", "right"), ("days", "right")):
+        t.add_column(col, justify=just, no_wrap=col == "best layout")
+    for r in rows:
+        mark = " <" if best is not None and r.nodes == best.nodes else ""
+        if r.layout is None:
+            t.add_row(f"{r.nodes:,}", f"{r.ranks:,}", f"{r.global_batch:,}", f"[dim]{r.note}[/dim]", "", "", "", "")
+        else:
+            t.add_row(f"{r.nodes:,}{mark}", f"{r.ranks:,}", f"{r.global_batch:,}", r.layout, _fmt_time(r.step_time_s),
+                      f"{r.tokens_per_s:,.0f}", f"{r.mfu:.1%}", f"{r.days:,.2f}")
+    return t
