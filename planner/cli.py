@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Predict every published run in calibration-runs.md and print predicted vs published "
                                    "with the error, its median and max, and leave-one-out errors.")
     v.add_argument("--published", action="store_true", required=True, help="check against the published runs")
-    v.add_argument("--refit", action="store_true", help="refit the per-device-kind efficiency figures and save them")
+    v.add_argument("--refit", action="store_true", help="refit the per-device-kind and per-framework figures and save them in machine_models/device_kinds.yaml")
+    v.add_argument("--loo", action="store_true", help="also leave-one-out errors: refit without each run and predict it (about a minute)")
     v.add_argument("--json", action="store_true")
 
     c = sub.add_parser("capacity", help="time-to-train against node count; the fewest nodes that meet a deadline",
@@ -306,11 +307,16 @@ def cmd_schema(args) -> int:
 def cmd_validate(args) -> int:
     from planner import validate
 
-    rows = validate.validate_published(refit=args.refit) if "refit" in validate.validate_published.__code__.co_varnames else validate.validate_published()
+    console = _console(args)
+    if args.json or not (args.refit or args.loo):
+        rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
+    else:
+        with console.status("fitting the figures" + (" and leave-one-out refits (about a minute)" if args.loo else "") + " ..."):
+            rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
     if args.json:
         print(json.dumps(validate.published_json(rows), indent=2))
         return 0
-    validate.render_published(rows, _console(args))
+    validate.render_published(rows, console)
     return 0
 
 

@@ -18,6 +18,12 @@ Conventions of the published figures (each record's `note` says which applies):
   - Iteration-time rows (B, full recompute) are seconds per optimizer step.
 Where a field is not published, the record makes a documented choice and lists the field
 in `assumed`.
+
+Each record names its training framework (`framework`): megatron for sections A and B,
+fsdp for C (llm-foundry) and D (fms-fsdp), both PyTorch FSDP. What a framework sets is part
+of the record (its attention kernel, Megatron's --tp-comm-overlap: adapt_machine); what it
+achieves (hidden data-parallel traffic, fixed cost per step) is fitted per framework by
+machine_models.calibration.
 """
 
 from __future__ import annotations
@@ -33,6 +39,17 @@ from planner.specs import MachineModel, ModelSpec, PosInt, Precision, Spec, Trai
 
 FigureKind = Literal["model_tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "iteration_time_s"]
 FlopConvention = Literal["megatron", "none"]
+# The training framework of a run: its figures (hidden data-parallel traffic, fixed cost per
+# step) are fitted per framework, not per run (machine_models.calibration). llm-foundry
+# (section C) and fms-fsdp (section D) both train with PyTorch FSDP.
+Framework = Literal["megatron", "fsdp"]
+FRAMEWORKS: tuple[str, ...] = ("megatron", "fsdp")
+# Data-parallel shardings each framework runs: Megatron's DDP or distributed optimizer,
+# FSDP's full, gradient-and-optimizer or hybrid sharding (a single replica: none).
+FRAMEWORK_SHARDINGS = {
+    "megatron": {Sharding.none, Sharding.zero1},
+    "fsdp": {Sharding.none, Sharding.fsdp, Sharding.fsdp_grad_op, Sharding.hsdp},
+}
 
 UNITS: dict[str, str] = {
     "model_tflops_per_gpu": "TFLOP/s/GPU",
@@ -90,11 +107,12 @@ class PublishedRun(Spec):
     source: str = Field(description="Where the figure was published.")
     model: ModelSpec
     machine: str = Field(description="Machine preset (machine_models/<name>.yaml).")
+    framework: Framework = Field(description="Training framework: megatron (Megatron-LM) or fsdp (PyTorch FSDP: llm-foundry, fms-fsdp).")
     gpus: PosInt
     layout: PublishedLayout
     precision: Precision = Precision.bf16
     flash_attention: bool = Field(True, description="Fused attention kernel (a software choice: false for 2022 Megatron).")
-    tp_comm_overlap: bool = Field(False, description="The framework hides tensor-parallel traffic (Megatron --tp-comm-overlap).")
+    tp_comm_overlap: bool = Field(False, description="The framework hides tensor-parallel traffic (Megatron --tp-comm-overlap): a setting of the framework, not fitted.")
     figure: float = Field(gt=0, description="The published number, in the unit of `kind` (MFU as a fraction).")
     kind: FigureKind
     flop_convention: FlopConvention = Field("none", description="FLOP count behind TFLOP/s and MFU figures.")
@@ -108,6 +126,10 @@ class PublishedRun(Spec):
             raise ValueError(f"{self.id}: tp x pp x dp = {lay.tp * lay.pp * lay.dp}, published GPUs {self.gpus}")
         if self.kind in ("model_tflops_per_gpu", "mfu") and self.flop_convention == "none":
             raise ValueError(f"{self.id}: a FLOP-rate figure needs its FLOP convention")
+        if lay.sharding not in FRAMEWORK_SHARDINGS[self.framework]:
+            raise ValueError(f"{self.id}: {self.framework} does not run sharding {lay.sharding.value}")
+        if self.tp_comm_overlap and self.framework != "megatron":
+            raise ValueError(f"{self.id}: tp_comm_overlap is Megatron's setting")
         return self
 
     # --- inputs of the cost model ---------------------------------------------------------
@@ -127,11 +149,12 @@ class PublishedRun(Spec):
         )
 
     def adapt_machine(self, machine: MachineModel) -> MachineModel:
-        """The machine as this run's software used it. Two figures belong to the framework,
-        not to the device kind, and are set from the record: the attention kernel (fused or
-        not) and the hidden fraction of tensor-parallel traffic, 1 with Megatron's
-        --tp-comm-overlap (its userbuffer overlap; fitting it instead puts it at 1 too) and
-        0 otherwise."""
+        """The machine as this run's software used it. Two settings belong to the framework,
+        not to the device kind, and are set from the record (not fitted): the attention
+        kernel (fused or not) and the hidden fraction of tensor-parallel traffic, 1 with
+        Megatron's --tp-comm-overlap (its userbuffer overlap; fitting it instead puts it at 1
+        too) and 0 otherwise. The framework's fitted figures (overlap.dp, step_overhead_s)
+        come with the machine: machine_models.calibration."""
         tp_hidden = 1.0 if self.tp_comm_overlap else 0.0
         update = {}
         if machine.flash_attention != self.flash_attention:
@@ -222,7 +245,7 @@ def _section_a() -> list[PublishedRun]:
         runs.append(PublishedRun(
             id=f"A-gpt-{size}", section="A", source=SOURCE_A,
             model=_gpt(f"gpt-{size}", layers, hidden, heads, vocab=131072, seq=4096),
-            machine="dgx-h100", gpus=gpus,
+            machine="dgx-h100", framework="megatron", gpus=gpus,
             layout=PublishedLayout(tp=tp, pp=pp, dp=48, sharding=Sharding.zero1, micro_batch=1, global_batch=gbs,
                                    sequence_parallel=tp > 1),
             tp_comm_overlap=True, figure=tflops, kind="model_tflops_per_gpu", flop_convention="megatron",
@@ -254,8 +277,8 @@ def _section_b() -> list[PublishedRun]:
     runs = []
     for size, heads, hidden, layers, tp, pp, gpus, gbs, mbs, vpp, mfu, hfu, t_full in table:
         model = _gpt(f"gpt-{size}", layers, hidden, heads, vocab=51200, seq=2048)
-        common = dict(section="B", source=SOURCE_B, model=model, machine="dgx-a100-80gb", gpus=gpus,
-                      precision=Precision.fp16, flash_attention=False)
+        common = dict(section="B", source=SOURCE_B, model=model, machine="dgx-a100-80gb", framework="megatron",
+                      gpus=gpus, precision=Precision.fp16, flash_attention=False)
         lay = dict(tp=tp, pp=pp, dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs, vpp=vpp,
                    sequence_parallel=True)
         runs.append(PublishedRun(
@@ -295,7 +318,7 @@ def _section_c() -> list[PublishedRun]:
     for name, layers, d, heads, gpus, mbs, gas, ckpt, mfu, tps, filled in table:
         runs.append(PublishedRun(
             id=f"C-{name}", section="C", source=SOURCE_C, model=_mpt(name, layers, d, heads),
-            machine="dgx-h100", gpus=gpus,
+            machine="dgx-h100", framework="fsdp", gpus=gpus,
             layout=PublishedLayout(dp=gpus, sharding=Sharding.fsdp, micro_batch=mbs, global_batch=gpus * mbs * gas,
                                    recompute=Recompute.full if ckpt else Recompute.none),
             figure=tps, kind="tokens_per_s_per_gpu", assumed=filled,
@@ -324,7 +347,7 @@ def _section_d() -> list[PublishedRun]:
     for name, layers, hidden, heads, kv, ffn, hybrid, ckpt, mbs, tps in table:
         runs.append(PublishedRun(
             id=f"D-{name}", section="D", source=SOURCE_D, model=_llama(name, layers, hidden, heads, kv, ffn),
-            machine="dgx-a100-80gb", gpus=128,
+            machine="dgx-a100-80gb", framework="fsdp", gpus=128,
             layout=PublishedLayout(dp=128, sharding=Sharding.hsdp if hybrid else Sharding.fsdp,
                                    shard_group=8 if hybrid else None, micro_batch=mbs, global_batch=128 * mbs,
                                    recompute=Recompute.full if ckpt else Recompute.none),

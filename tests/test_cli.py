@@ -98,7 +98,9 @@ def test_set_model_layers_changes_the_estimate(capsys):
     # 6x the blocks: compute grows about 6x (the head and optimizer do not scale with depth).
     ratio = deep["breakdown"]["compute_s"] / base["breakdown"]["compute_s"]
     assert 5.5 < ratio < 6.0
-    assert deep["step_time_s"] > 4 * base["step_time_s"]
+    # The fixed per-step overhead (in optimizer_s) does not grow with depth; the rest does.
+    variable = lambda r: r["step_time_s"] - r["breakdown"]["optimizer_s"]  # noqa: E731
+    assert variable(deep) > 4 * variable(base)
     assert deep["memory_gib_per_device"] > base["memory_gib_per_device"]
 
 

@@ -12,8 +12,10 @@ the fabric as a maximum flow over its NICs. Communicator placement then picks th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
+from types import SimpleNamespace
 
 import networkx as nx
 
@@ -82,9 +84,17 @@ def node_injection(g: nx.Graph, node: int) -> float:
     return nx.maximum_flow_value(g, ("switch", node), ("global",), capacity="bandwidth_Bps")
 
 
+NETWORK_FIELDS = (
+    "devices_per_node", "intra_node_bandwidth_gbps", "intra_node_latency_us", "nics_per_node", "nic_gbps",
+    "inter_node_latency_us", "topology", "global_bandwidth_taper", "nodes_per_group", "network_efficiency", "nodes",
+)
+
+
 @lru_cache(maxsize=64)
-def _tiers_cached(machine_json: str) -> LinkTiers:
-    machine = MachineModel.model_validate_json(machine_json)
+def _tiers_cached(network_json: str) -> LinkTiers:
+    machine = SimpleNamespace(**json.loads(network_json))
+    machine.topology = TopologyKind(machine.topology)
+    machine.node_injection_gbps = machine.nics_per_node * machine.nic_gbps / 8.0
     dragonfly = machine.topology == TopologyKind.dragonfly
     # Two nodes of one group (and on a dragonfly a third in another group) show every tier.
     sample_nodes = min(3 if dragonfly else 2, machine.nodes)
@@ -111,5 +121,6 @@ def _tiers_cached(machine_json: str) -> LinkTiers:
 
 
 def link_tiers(machine: MachineModel) -> LinkTiers:
-    """The tiers of a machine (cached per machine description)."""
-    return _tiers_cached(machine.model_dump_json())
+    """The tiers of a machine, cached on the fields that shape its network (so that changing
+    efficiency figures, as a fit does, does not rebuild the graph)."""
+    return _tiers_cached(json.dumps(machine.model_dump(mode="json", include=set(NETWORK_FIELDS)), sort_keys=True))

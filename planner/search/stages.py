@@ -101,7 +101,7 @@ def assign_stages(layer_costs: Sequence[float], layer_memory: Sequence[float], n
 
     CP-SAT model (costs and memory scaled to integers, 1e6 units per total; prefix sums are
     rounded, so each stage sum is within one unit, i.e. ~1e-6 relative, of the float value, and
-    caps hold to that tolerance):
+    caps are given two units of slack so that a stage exactly at its cap is not refused):
 
     * variables: boundaries ``b[0..S]`` with ``b[0] = 0``, ``b[S] = L``, ``b[s] + 1 <= b[s+1]``
       (stage s holds layers ``[b[s], b[s+1])``); ``C[s] = Pc[b[s]]`` and ``M[s] = Pm[b[s]]``
@@ -177,7 +177,9 @@ def assign_stages(layer_costs: Sequence[float], layer_memory: Sequence[float], n
         m.Add(b[s] + 1 <= b[s + 1])
         m.Add(C[s + 1] - C[s] + ixc[s] <= z)
         if math.isfinite(caps[s]):
-            m.Add(M[s + 1] - M[s] + ixm[s] <= round(caps[s] * sm_))
+            # +2 units: the rounded prefix sums and extras can each be off by half a unit, so
+            # a stage exactly at its cap must not be refused (caps hold to ~2e-6 relative).
+            m.Add(M[s + 1] - M[s] + ixm[s] <= round(caps[s] * sm_) + 2)
     for s in range(1, S):
         m.AddHint(b[s], dp_ranges[s][0])
     m.Minimize(z)

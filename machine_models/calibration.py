@@ -1,0 +1,462 @@
+"""Calibration of the machine models: fit their efficiency figures to published training runs.
+
+    fit = fit_published()                      # every published run (planner.published)
+    fit.device["NVIDIA H100 SXM5"]             # {peak_fraction, half_dim, attention_efficiency_factor}
+    fit.framework["fsdp"]                      # {overlap_dp, step_overhead_s}
+    write_fit(fit, notes)                      # into device_kinds.yaml, keeping its comments
+    leave_one_out()                            # run id -> its prediction from a fit without it
+
+A few physical figures per device kind and a few per training framework, never a constant
+per run, fitted jointly to every published row:
+  - per device kind (the GPU and its kernel libraries): the matmul efficiency curve
+    (peak_fraction, half_dim) and the attention-core efficiency relative to a GEMM;
+  - per framework (Megatron-LM, or FSDP as llm-foundry and fms-fsdp use it): the hidden
+    fraction of data-parallel traffic (overlap.dp: how the framework buckets, prefetches and
+    orders its collectives) and a fixed cost per optimizer step (step_overhead_s: launches,
+    gradient clipping, loss and metric syncs, the optimizer's per-tensor overheads).
+What a framework sets rather than achieves comes from each run's record and is not fitted:
+the attention kernel and Megatron's tensor-parallel overlap (PublishedRun.adapt_machine).
+
+The fit minimises the squared log error of all rows (scipy.optimize.least_squares) within
+physical bounds, with a weak pull towards the first guesses so that a figure the rows cannot
+determine stays where it was. Device kinds and frameworks are fitted together: Megatron and
+FSDP rows both exist on H100 and on A100, so each device figure is pinned by both frameworks.
+
+The shipped machine models (device_kinds.yaml) carry the device-kind figures and the FSDP
+framework's figures, since exaplan's runtime is torch FSDP2/DDP (SHIPPED_FRAMEWORK); the
+other frameworks' fitted figures are kept as machine-readable comment lines in the header of
+device_kinds.yaml ("# fit: framework NAME: {...}", read by framework_figures), so that
+`exaplan validate --published` predicts every row with the figures of its own framework.
+
+scipy is imported only by the fit itself (fit_published); reading a fit needs nothing more
+than the loader does.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import math
+import multiprocessing
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from machine_models.loader import DEVICE_KINDS_FILE, load_machine
+from planner.cost.step import evaluate
+from planner.published import FRAMEWORKS, PublishedRun, published_runs
+from planner.specs import MachineModel
+
+# --- The figures, their bounds and first guesses ----------------------------------------------
+
+DEVICE_FIGURES = ("peak_fraction", "half_dim", "attention_efficiency_factor")
+FRAMEWORK_FIGURES = ("overlap_dp", "step_overhead_s")
+FIGURES = DEVICE_FIGURES + FRAMEWORK_FIGURES
+BOUNDS = {
+    "peak_fraction": (0.3, 0.95),
+    "half_dim": (16.0, 4096.0),
+    "attention_efficiency_factor": (0.2, 1.0),
+    # Some traffic always shows (the first all-gather, the last reduce-scatter: the floors
+    # of the cost model), and a framework that hid none of it would not prefetch at all.
+    "overlap_dp": (0.1, 1.0),
+    # Seconds per optimizer step; above a second it would no longer be a fixed overhead.
+    "step_overhead_s": (0.0, 1.0),
+}
+# First guesses: device_kinds.yaml before any fit (validate_published(fitted=False) predicts
+# with them, and the weak prior pulls towards them).
+FIRST_GUESSES = {
+    "NVIDIA H100 SXM5": {"peak_fraction": 0.75, "half_dim": 300.0, "attention_efficiency_factor": 0.6},
+    "NVIDIA A100 SXM4": {"peak_fraction": 0.8, "half_dim": 200.0, "attention_efficiency_factor": 0.75},
+}
+FRAMEWORK_FIRST_GUESSES = {fw: {"overlap_dp": 0.9, "step_overhead_s": 0.0} for fw in FRAMEWORKS}
+# The framework whose figures the shipped machine models carry: exaplan's runtime (torch
+# FSDP2 / DDP) is an FSDP framework.
+SHIPPED_FRAMEWORK = "fsdp"
+# Weight of the pull towards the first guess, per unit of figure (log for half_dim, seconds
+# for step_overhead_s), against residuals in log error: 0.05 moves a figure freely when the
+# rows say so (one row 5% off outweighs it).
+PRIOR_WEIGHT = 0.05
+# Coarse grid of starting points over figures the fit can stall on (the attention and
+# overhead figures trade off against the matmul curve), and how many of its best points the
+# gradient fit starts from. overlap.dp is not in the grid: the scan below covers it.
+GRID_STARTS = {
+    "attention_efficiency_factor": (0.3, 0.6, 0.9),
+    "step_overhead_s": (0.0, 0.15, 0.3),
+}
+GRID_KEEP = 1
+# The exposed-traffic terms are max(traffic - overlap x compute, floor): flat in overlap.dp
+# where every row of a framework sits at its floor, so a gradient cannot leave such a
+# stretch. After the gradient fit, each framework's overlap.dp is scanned over OVERLAP_SCAN
+# with its step overhead re-chosen on OVERHEAD_SCAN (see fit_published).
+OVERLAP_SCAN = tuple(np.round(np.arange(0.1, 1.0001, 0.05), 3))
+OVERHEAD_SCAN = tuple(np.round(np.arange(0.0, 0.5001, 0.01), 3))
+# Device kinds that share fitted figures with a fitted kind (no published rows of their own).
+SHARES_FIGURES_WITH = {"NVIDIA GH200": "NVIDIA H100 SXM5"}
+FIT_COMMAND = "exaplan validate --published --refit"
+FIT_MARK = "# fit:"  # starts the comment lines the refit writes (and replaces) in device_kinds.yaml
+_FRAMEWORK_LINE = re.compile(r"^# fit: framework (\w+): (\{.*\})")
+
+
+@dataclass
+class Fit:
+    """Fitted figures: per device kind (device_name -> DEVICE_FIGURES) and per framework
+    (name -> FRAMEWORK_FIGURES); `cost` is half the sum of squared residuals (log errors and
+    prior terms) at the optimum."""
+
+    device: dict[str, dict[str, float]]
+    framework: dict[str, dict[str, float]]
+    cost: float = 0.0
+    rows: list[str] = field(default_factory=list)  # ids of the runs fitted to
+
+    def figures(self, device: str, framework: str) -> dict[str, float]:
+        """All FIGURES for a run on `device` under `framework`."""
+        return {**self.device[device], **self.framework[framework]}
+
+
+# --------------------------------------------------------------------------------------------
+# Figures <-> machines
+# --------------------------------------------------------------------------------------------
+
+
+def figures_of(machine: MachineModel) -> dict[str, float]:
+    """The fitted figures a machine carries."""
+    return {
+        "peak_fraction": machine.matmul_efficiency.peak_fraction,
+        "half_dim": machine.matmul_efficiency.half_dim,
+        "attention_efficiency_factor": machine.attention_efficiency_factor,
+        "overlap_dp": machine.overlap.dp,
+        "step_overhead_s": machine.step_overhead_s,
+    }
+
+
+def with_figures(machine: MachineModel, figures: dict[str, float]) -> MachineModel:
+    """A copy of `machine` carrying `figures` (any subset of FIGURES)."""
+    unknown = set(figures) - set(FIGURES)
+    if unknown:
+        raise KeyError(f"not a fitted figure: {', '.join(sorted(unknown))}")
+    f = {**figures_of(machine), **figures}
+    return machine.model_copy(update={
+        "matmul_efficiency": machine.matmul_efficiency.model_copy(update={"peak_fraction": f["peak_fraction"], "half_dim": f["half_dim"]}),
+        "attention_efficiency_factor": f["attention_efficiency_factor"],
+        "overlap": machine.overlap.model_copy(update={"dp": f["overlap_dp"]}),
+        "step_overhead_s": f["step_overhead_s"],
+    })
+
+
+def machines_of(runs: list[PublishedRun]) -> dict[str, MachineModel]:
+    """The machine presets the runs name, as shipped (name -> MachineModel)."""
+    return {name: load_machine(name) for name in sorted({r.machine for r in runs})}
+
+
+def first_guess_machine(machine: MachineModel, framework: str) -> MachineModel:
+    """`machine` with the first guesses of its device kind (where there are some) and of
+    `framework`."""
+    return with_figures(machine, {**FIRST_GUESSES.get(machine.device_name, {}), **FRAMEWORK_FIRST_GUESSES[framework]})
+
+
+# --------------------------------------------------------------------------------------------
+# Fast prediction for the fit
+# --------------------------------------------------------------------------------------------
+
+
+class StepTimes:
+    """Memo of predicted step times. A run's step time depends on its device kind's figures
+    and its framework's overlap.dp through the whole cost model (one `evaluate`, ~2 ms), and
+    on step_overhead_s only additively (a constant added to every candidate's step, so it
+    changes no choice of algorithm or bucket): the memo stores the step time without the
+    overhead, keyed by the run and the four figures it depends on, so that a finite-
+    difference step in one figure re-evaluates only the runs that figure touches."""
+
+    def __init__(self, machines: dict[str, MachineModel]):
+        self.machines = machines
+        self.scales: dict[str, float] = {}  # run id -> figure x step time (0: the figure is the step time)
+        self.memo: dict[tuple, float] = {}
+        self.evaluations = 0
+
+    def base_step_s(self, run: PublishedRun, figs: dict[str, float]) -> float:
+        key = (run.id, figs["peak_fraction"], figs["half_dim"], figs["attention_efficiency_factor"], figs["overlap_dp"])
+        t = self.memo.get(key)
+        if t is None:
+            m = run.adapt_machine(with_figures(self.machines[run.machine], {**figs, "step_overhead_s": 0.0}))
+            t = float(evaluate(run.model, m, run.job(), run.layouts()).step_time_s[0])
+            self.memo[key] = t
+            self.evaluations += 1
+        return t
+
+    def figure(self, run: PublishedRun, figs: dict[str, float]) -> float:
+        """The run's predicted figure, in its published unit."""
+        step = self.base_step_s(run, figs) + figs["step_overhead_s"]
+        scale = self.scales.get(run.id)
+        if scale is None:
+            # Every published unit is the step time itself or a constant over it (tokens,
+            # FLOPs, MFU per second); the constant needs only the machine's peak FLOP rate.
+            m = run.adapt_machine(self.machines[run.machine])
+            scale = self.scales[run.id] = 0.0 if run.kind == "iteration_time_s" else float(run.figure_from_step_time(1.0, m))
+        return step if scale == 0.0 else scale / step
+
+
+# --------------------------------------------------------------------------------------------
+# The fit
+# --------------------------------------------------------------------------------------------
+
+
+def _to_x(name: str, value: float) -> float:
+    # half_dim is fitted on a log scale (it spans two decades); the rest are linear.
+    return math.log(value) if name == "half_dim" else value
+
+
+def _from_x(name: str, x: float) -> float:
+    return float(math.exp(x) if name == "half_dim" else x)
+
+
+def fit_published(runs: list[PublishedRun] | None = None, *, times: StepTimes | None = None) -> Fit:
+    """Fit DEVICE_FIGURES per device kind and FRAMEWORK_FIGURES per framework, jointly, to
+    `runs` (default: every published run). `times`: a memo to reuse (it must hold the
+    machines the runs name)."""
+    from scipy.optimize import least_squares  # only the fit needs scipy
+
+    runs = published_runs() if runs is None else list(runs)
+    if times is None:
+        times = StepTimes(machines_of(runs))
+    device_of = {r.id: times.machines[r.machine].device_name for r in runs}
+    kinds = sorted(set(device_of.values()))
+    frameworks = sorted({r.framework for r in runs})
+    # The parameter vector: (group, figure) pairs, device kinds first.
+    params = [(k, n) for k in kinds for n in DEVICE_FIGURES] + [(f, n) for f in frameworks for n in FRAMEWORK_FIGURES]
+    prior = {}
+    for k in kinds:
+        machine = times.machines[next(r.machine for r in runs if device_of[r.id] == k)]
+        guess = FIRST_GUESSES.get(k, figures_of(machine))
+        prior.update({(k, n): guess[n] for n in DEVICE_FIGURES})
+    for f in frameworks:
+        prior.update({(f, n): FRAMEWORK_FIRST_GUESSES[f][n] for n in FRAMEWORK_FIGURES})
+    lo = np.array([_to_x(n, BOUNDS[n][0]) for _, n in params])
+    hi = np.array([_to_x(n, BOUNDS[n][1]) for _, n in params])
+    x_prior = np.array([_to_x(n, prior[(g, n)]) for g, n in params])
+    x0 = np.clip(x_prior, lo + 1e-9, hi - 1e-9)
+    published = np.array([r.figure for r in runs])
+
+    def unpack(x) -> Fit:
+        dev = {k: {} for k in kinds}
+        fw = {f: {} for f in frameworks}
+        for (g, n), v in zip(params, x):
+            (dev if g in dev else fw)[g][n] = _from_x(n, v)
+        return Fit(dev, fw)
+
+    pairs = sorted({(device_of[r.id], r.framework) for r in runs})
+
+    def residuals(x):
+        fit = unpack(x)
+        figs = {pair: fit.figures(*pair) for pair in pairs}
+        pred = np.array([times.figure(r, figs[device_of[r.id], r.framework]) for r in runs])
+        return np.concatenate([np.log(pred / published), PRIOR_WEIGHT * (x - x_prior)])
+
+    def cost(x) -> float:
+        return 0.5 * float(np.sum(residuals(x) ** 2))
+
+    def solve(x_start):
+        res = least_squares(residuals, x_start, bounds=(lo, hi), diff_step=1e-3, xtol=1e-4, ftol=1e-6)
+        return res.x, float(res.cost)
+
+    # Starts: the best GRID_KEEP points of a coarse grid over the figures in GRID_STARTS,
+    # the others at their first guesses (the grid holds the first guesses or points near
+    # them). It costs few evaluations of the cost model: each run sees only its own kind's
+    # attention values, and the overhead needs none.
+    gridded = [i for i, (_, n) in enumerate(params) if n in GRID_STARTS]
+    grid = []
+    for values in itertools.product(*(GRID_STARTS[params[i][1]] for i in gridded)):
+        x = x0.copy()
+        x[gridded] = values
+        grid.append((cost(x), tuple(x)))
+    grid.sort(key=lambda item: item[0])
+    best_x, best_cost = None, math.inf
+    for _, x_start in grid[:GRID_KEEP]:
+        x, c = solve(np.array(x_start))
+        if c < best_cost:
+            best_x, best_cost = x, c
+    # The overlap figures have flat stretches (every row of the framework at its floor) that
+    # a gradient cannot leave: scan each framework's overlap.dp over OVERLAP_SCAN (one
+    # evaluation per run of the framework and value), with its step overhead re-chosen on
+    # OVERHEAD_SCAN (no evaluation: the overhead is additive), and restart the gradient fit
+    # from a better point when the scan finds one.
+    for _ in range(3):
+        x_scan, c_scan = best_x, best_cost
+        for f in frameworks:
+            i_ov, i_oh = params.index((f, "overlap_dp")), params.index((f, "step_overhead_s"))
+            candidates = []
+            for ov, oh in itertools.product(OVERLAP_SCAN, OVERHEAD_SCAN):
+                x = x_scan.copy()
+                x[i_ov], x[i_oh] = ov, oh
+                candidates.append((cost(x), x))
+            c, x = min(candidates, key=lambda item: item[0])
+            if c < c_scan:
+                x_scan, c_scan = x, c
+        if c_scan >= best_cost - 1e-6:
+            break  # the gradient fit's point is (near) the best of the scan
+        x, c = solve(x_scan)
+        if c >= best_cost:
+            break
+        best_x, best_cost = x, c
+    fit = unpack(best_x)
+    fit.cost, fit.rows = best_cost, [r.id for r in runs]
+    return fit
+
+
+def machine_for(run: PublishedRun, machine: MachineModel, fit: Fit) -> MachineModel:
+    """`machine` (the run's preset) carrying the fitted figures of its device kind and of the
+    run's framework."""
+    return with_figures(machine, fit.figures(machine.device_name, run.framework))
+
+
+# --------------------------------------------------------------------------------------------
+# Leave-one-out
+# --------------------------------------------------------------------------------------------
+
+
+def leave_one_out(runs: list[PublishedRun] | None = None, ids: list[str] | None = None,
+                  workers: int | None = None) -> dict[str, float]:
+    """Run id -> its predicted figure from a fit on every other run, for the runs named in
+    `ids` (default: all). Each fold repeats the whole fit (grid starts, gradient fit, scan),
+    so the held-out row cannot steer it: about 5 s per fold on one core, two minutes for all
+    25 (the memo of step times is shared by the folds a process runs); folds run in
+    `workers` processes (default: one per CPU)."""
+    runs = published_runs() if runs is None else list(runs)
+    held = [r for r in runs if ids is None or r.id in ids]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(held)))
+    global _FOLD_RUNS, _FOLD_TIMES
+    _FOLD_RUNS, _FOLD_TIMES = runs, StepTimes(machines_of(runs))
+    try:
+        if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+            chunks = [[r.id for r in held[i::workers]] for i in range(workers)]
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                parts = list(pool.map(_folds, chunks))
+        else:
+            parts = [_folds([r.id for r in held])]
+    finally:
+        _FOLD_RUNS, _FOLD_TIMES = None, None
+    out = {k: v for part in parts for k, v in part.items()}
+    return {r.id: out[r.id] for r in held}
+
+
+_FOLD_RUNS: list[PublishedRun] | None = None  # set for the (forked) fold workers
+_FOLD_TIMES: StepTimes | None = None
+
+
+def _folds(held_ids: list[str]) -> dict[str, float]:
+    runs, times = _FOLD_RUNS, _FOLD_TIMES
+    out = {}
+    for rid in held_ids:
+        held = next(r for r in runs if r.id == rid)
+        fit = fit_published([r for r in runs if r.id != rid], times=times)
+        device = times.machines[held.machine].device_name
+        if device not in fit.device or held.framework not in fit.framework:
+            raise ValueError(f"{rid}: no other run on {device} or under {held.framework} to fit to")
+        out[rid] = times.figure(held, fit.figures(device, held.framework))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# device_kinds.yaml: writing a fit, reading the framework figures back
+# --------------------------------------------------------------------------------------------
+
+
+def framework_figures(path: Path = DEVICE_KINDS_FILE) -> dict[str, dict[str, float]]:
+    """The fitted figures of every framework, as the last refit recorded them in the header
+    of device_kinds.yaml (framework -> {overlap_dp, step_overhead_s}); empty before any fit."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        match = _FRAMEWORK_LINE.match(line)
+        if match:
+            figs = yaml.safe_load(match.group(2))
+            out[match.group(1)] = {n: float(figs[n]) for n in FRAMEWORK_FIGURES}
+    return out
+
+
+def write_fit(fit: Fit, notes: dict[str, list[str]], path: Path = DEVICE_KINDS_FILE, date: str | None = None) -> None:
+    """Write `fit` into `path`, keeping every line the refit does not own.
+
+    The header gets one machine-readable line per framework ("# fit: framework NAME: {...}")
+    and notes[""] (the summary of the fit); each fitted device kind's block (and the blocks of
+    the kinds that share its figures) gets its figures and notes[device]; every block gets the
+    shipped framework's overlap.dp and step_overhead_s. Notes become "# fit:" comment lines,
+    the first one dated.
+    """
+    date = date or _dt.date.today().isoformat()
+    text = Path(path).read_text()
+    shipped = fit.framework[SHIPPED_FRAMEWORK]
+    header = [f"framework {fw}: {{overlap_dp: {figs['overlap_dp']:.3f}, step_overhead_s: {figs['step_overhead_s']:.3f}}}"
+              + ("  (shipped: in every block below)" if fw == SHIPPED_FRAMEWORK else "  (recorded, not shipped)")
+              for fw, figs in sorted(fit.framework.items())]
+    text = _rewrite_header(text, header + [f"`{FIT_COMMAND}`, {date}:"] + list(notes.get("", [])))
+    for device in _kinds_in(text):
+        source = SHARES_FIGURES_WITH.get(device, device)
+        if source in fit.device:
+            note = [] if source == device else [f"copied from {source} (same GPU, no published rows of its own)."]
+            note += [f"`{FIT_COMMAND}`, {date}:"] + list(notes.get(source, []))
+            text = _rewrite_block(text, device, {**fit.device[source], **shipped}, note)
+        else:
+            note = [f"`{FIT_COMMAND}`, {date}: overlap.dp and step_overhead_s are the {SHIPPED_FRAMEWORK}",
+                    "framework's (see the header); the other figures are first guesses (no published rows)."]
+            text = _rewrite_block(text, device, shipped, note)
+    Path(path).write_text(text)
+
+
+def _kinds_in(text: str) -> list[str]:
+    return [ln[:-1] for ln in text.splitlines() if ln.endswith(":") and not ln.startswith((" ", "#"))]
+
+
+def _rewrite_header(text: str, note: list[str]) -> str:
+    """Replace the "# fit:" lines of the header (the comments before the first block) by
+    `note`, placed at the end of the header."""
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln and not ln.startswith("#"))
+    header = [ln for ln in lines[:first] if not ln.startswith(FIT_MARK)]
+    while header and not header[-1].strip():
+        header.pop()
+    out = header + [""] + [f"{FIT_MARK} {line}" for line in note] + [""] + lines[first:]
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def _rewrite_block(text: str, device: str, figs: dict[str, float], note: list[str]) -> str:
+    """Replace the fitted lines of one device kind's block (those of `figs`) and its
+    "# fit:" comment lines; a step_overhead_s line is added after `overlap` if missing."""
+    lines = text.splitlines()
+    try:
+        start = lines.index(f"{device}:")
+    except ValueError:
+        return text  # the kind is not in the file: nothing to update
+    end = start + 1
+    while end < len(lines) and (not lines[end] or lines[end].startswith((" ", "#"))):
+        end += 1
+    while end > start + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith("#")):
+        end -= 1  # comments after the block belong to the next one
+    block = [ln for ln in lines[start + 1:end] if not ln.strip().startswith(FIT_MARK)]
+    values = {}
+    if "peak_fraction" in figs:
+        values["matmul_efficiency"] = f"{{peak_fraction: {figs['peak_fraction']:.3f}, half_dim: {figs['half_dim']:.1f}}}"
+    if "attention_efficiency_factor" in figs:
+        values["attention_efficiency_factor"] = f"{figs['attention_efficiency_factor']:.3f}"
+    if "step_overhead_s" in figs:
+        values["step_overhead_s"] = f"{figs['step_overhead_s']:.3f}"
+    out, has_overhead = [], False
+    for ln in block:
+        key = ln.strip().split(":", 1)[0]
+        if ln.strip().startswith("#"):
+            out.append(ln)
+            continue
+        if key in values:
+            ln = f"  {key}: {values[key]}"
+            has_overhead |= key == "step_overhead_s"
+        elif key == "overlap" and "overlap_dp" in figs:
+            ln = re.sub(r"dp: [0-9.]+", f"dp: {figs['overlap_dp']:.3f}", ln)
+        out.append(ln)
+    if "step_overhead_s" in values and not has_overhead:
+        at = next((i + 1 for i, ln in enumerate(out) if ln.strip().startswith("overlap:")), len(out))
+        out.insert(at, f"  step_overhead_s: {values['step_overhead_s']}")
+    out[:0] = [f"  {FIT_MARK} {line}" for line in note]
+    return "\n".join(lines[:start + 1] + out + lines[end:]) + ("\n" if text.endswith("\n") else "")
