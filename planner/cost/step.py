@@ -92,6 +92,15 @@ def _cheapest(costs: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(stacked, pick[None], axis=0)[0], np.asarray(codes)[pick]
 
 
+def _minimum(arrays) -> np.ndarray:
+    """Elementwise minimum of an iterable of arrays."""
+    it = iter(arrays)
+    out = next(it)
+    for a in it:
+        out = np.minimum(out, a)
+    return out
+
+
 def bottleneck_chunk(layers: int, chunks, head_weight) -> tuple[np.ndarray, np.ndarray]:
     """Min-max contiguous split of `layers` equal blocks plus a head of `head_weight` blocks
     (on the last chunk) into `chunks` non-empty chunks: (load of the slowest chunk in block
@@ -331,12 +340,23 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
     F_reps = np.where(M.F_per_mb[mi], m, dtype(1.0))
     K_reps = np.where(M.K_per_mb[mi], m, dtype(1.0))
 
+    def dp_exposed(r):
+        return (F_reps * np.maximum(M.F_total[r][mi] - ov * fwd_mb, M.F_floor[r][mi])
+                + K_reps * np.maximum(M.K_total[r][mi] - ov * bwd_mb, M.K_floor[r][mi]))
+
+    def s_exposed(St, Sf):
+        return np.maximum(St[mi] - ov * bwd_mb, Sf[mi])
+
     best = None
     for pair in [None] if fast else [(a, r) for a in ar_codes for r in rsag_codes]:
         tp_mb_u, tp_code_u, rsag, S = _fix_algorithms(U, M, units.sp, pair)
-        dp, r_code = _cheapest({r: F_reps * np.maximum(M.F_total[r][mi] - ov * fwd_mb, M.F_floor[r][mi])
-                                + K_reps * np.maximum(M.K_total[r][mi] - ov * bwd_mb, M.K_floor[r][mi]) for r in rsag})
-        s_cost, k = _cheapest({j: np.maximum(St[mi] - ov * bwd_mb, Sf[mi]) for j, (St, Sf, _) in enumerate(S)})
+        if not detail:  # the search needs the step time only: minima, no choices recorded
+            dp = _minimum(dp_exposed(r) for r in rsag)
+            s_cost = _minimum(s_exposed(St, Sf) for St, Sf, _ in S)
+            best = {"step": (repeats_u * (base_u + tp_mb_u))[u] + dp + s_cost + M.optimizer_s[mi]}
+            continue
+        dp, r_code = _cheapest({r: dp_exposed(r) for r in rsag})
+        s_cost, k = _cheapest({j: s_exposed(St, Sf) for j, (St, Sf, _) in enumerate(S)})
         step = (repeats_u * (base_u + tp_mb_u))[u] + dp + s_cost + M.optimizer_s[mi]
         cand = dict(step=step, dp=dp + s_cost, k=k, tp_code=tp_code_u[u], rs_code=r_code,
                     ar_code=np.select([k == j for j in range(len(S))], [S[j][2][mi] for j in range(len(S))]),
