@@ -13,7 +13,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,plot]'
+	$(BIN)/python -m pip install -q '$(TORCH)'
+	$(BIN)/python -m pip install -q -e '.[dev,plot,runtime]'
 	touch $(STAMP)
 
 demo: venv
