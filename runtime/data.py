@@ -1,0 +1,810 @@
+"""Training data: FASTA -> memory-mapped token shards (`prepare`), and a deterministic,
+resumable, data-parallel loader over them (`TokenDataset`, `Loader`).
+
+Prepared directory layout (all little-endian, raw numpy arrays described by the manifest):
+
+    manifest.json            counts, skipped records per reason, sources with sha256, vocabulary
+    train-00000.tokens ...   uint8 token ids, sequences (<bos> residues <eos>) back to back
+    train.index              INDEX_DTYPE per sequence: shard number, length (tokens), offset
+    val-00000.tokens, val.index
+
+`prepare` streams its inputs (plain or gzip, any size) and writes into a temporary directory
+next to `out_dir`, renamed into place only when everything succeeded: on error (PlanError)
+nothing is left behind. The train/val split hashes each record's id with the seed, so a
+record lands in the same split whatever the file order.
+
+The loader sees one global sample stream per (dataset, seq_len, mode, seed): global sample g
+lies in epoch g // samples_per_epoch, and every epoch is its own deterministic shuffle.
+`pack` mode cuts the shuffled concatenation of sequences into windows of seq_len + 1 tokens
+at stride seq_len (neighbouring windows share one token, so every next-token pair is trained
+once per epoch) and shuffles the windows; `pad` mode gives one sequence per sample, cut to
+seq_len + 1 tokens and padded with <pad> (the model's loss ignores <pad> targets). A training
+step consumes global_batch = micro_batch x grad_accumulation x dp_size consecutive samples; data-
+parallel rank r takes the r-th contiguous slice of micro_batch x grad_accumulation of them, one
+micro-batch per `next_microbatch()`. The state is the global sample number where the current
+step starts (the same on every rank), so a run can resume on another dp_size or global batch
+and see exactly the samples that follow: none lost, none repeated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.errors import PlanError
+from planner.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID, TOKENS, VOCAB_SIZE
+from runtime.fasta import SKIP_REASONS, FastaFile, decode, encode
+
+FORMAT = "exaplan-protein-tokens"
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+SPLIT_ALIASES = {"validation": "val", "valid": "val", "training": "train"}
+MODES = ("pack", "pad")
+IO_MODES = ("real", "synthetic", "io-only")
+INDEX_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8")])
+TOKEN_DTYPE = np.uint8
+MANIFEST = "manifest.json"
+DEFAULT_SHARD_TOKENS = 1 << 30      # 1 GiB per shard file
+_FLUSH_BYTES = 1 << 18              # write buffer per split (256 KiB)
+_MAX_EXAMPLES = 20                  # skipped records listed by id in the manifest
+# Nucleotide letters (as token ids): a file of (nearly) only these is DNA/RNA, not protein.
+_NUCLEOTIDE_IDS = bytes(TOKEN_TO_ID[c] for c in "ACGTUN")
+_NUCLEOTIDE_MIN_RESIDUES = 1000
+_NUCLEOTIDE_FRACTION = 0.95
+
+
+def sample_fasta_path() -> Path:
+    """The shipped sample: 3,103 UniProtKB sequences (see runtime/data/ATTRIBUTION.md)."""
+    path = Path(__file__).resolve().parent / "data" / "uniprot_sample.fasta.gz"
+    if not path.is_file():
+        raise PlanError(f"shipped sample missing: {path} (package data not installed?)")
+    return path
+
+
+def split_of(record_id: str, seed: int, val_fraction: float) -> str:
+    """'val' or 'train' from a hash of (seed, record id): independent of file order."""
+    if val_fraction <= 0:
+        return "train"
+    digest = hashlib.blake2b(f"{seed}\0{record_id}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return "val" if int.from_bytes(digest, "little") < val_fraction * 2.0**64 else "train"
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+@dataclass
+class PrepareReport:
+    out_dir: str
+    sequences: int                      # kept, all splits
+    residues: int
+    tokens: int                         # residues + 2 per sequence
+    skipped: dict[str, int]             # reason -> records (every reason listed, 0 included)
+    splits: dict[str, dict[str, int]]   # split -> sequences, residues, tokens
+    sources: list[dict[str, Any]]       # path, bytes, sha256, gzip, records, sequences, skipped
+    skipped_examples: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def records(self) -> int:
+        return self.sequences + sum(self.skipped.values())
+
+    def summary(self) -> str:
+        skipped = ", ".join(f"{k} {v:,}" for k, v in self.skipped.items() if v) or "none"
+        split = ", ".join(f"{k} {v['sequences']:,}" for k, v in self.splits.items())
+        return (f"{self.out_dir}: {self.sequences:,} sequences, {self.residues:,} residues "
+                f"({split}); skipped: {skipped}; {self.seconds:.1f} s")
+
+
+class _SplitWriter:
+    """Appends token sequences to size-capped shard files and their index entries."""
+
+    def __init__(self, directory: str, name: str, shard_tokens: int):
+        self.dir, self.name, self.shard_tokens = directory, name, shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self._file = None
+        self._pos = 0
+        self._buf = bytearray()
+        self._index: list[tuple[int, int, int]] = []
+        self._index_file = open(os.path.join(directory, f"{name}.index"), "wb")
+        self.sequences = self.residues = self.tokens = 0
+
+    def add(self, tokens: bytes) -> None:
+        n = len(tokens)
+        if self._file is None or self._pos + n > self.shard_tokens:
+            self._new_shard()
+        self._index.append((len(self.shards) - 1, n, self._pos))
+        self._buf += tokens
+        self._pos += n
+        self.shards[-1]["tokens"] = self._pos
+        self.sequences += 1
+        self.residues += n - 2
+        self.tokens += n
+        if len(self._buf) >= _FLUSH_BYTES:
+            self._flush()
+
+    def _new_shard(self) -> None:
+        if self._file is not None:
+            self._flush()
+            self._file.close()
+        fname = f"{self.name}-{len(self.shards):05d}.tokens"
+        self._file = open(os.path.join(self.dir, fname), "wb")
+        self.shards.append({"file": fname, "tokens": 0})
+        self._pos = 0
+
+    def _flush(self) -> None:
+        if self._buf:
+            self._file.write(self._buf)
+            self._buf = bytearray()
+        if self._index:
+            arr = np.empty(len(self._index), dtype=INDEX_DTYPE)
+            cols = np.array(self._index, dtype=np.int64)
+            arr["shard"], arr["length"], arr["offset"] = cols[:, 0], cols[:, 1], cols[:, 2]
+            arr.tofile(self._index_file)
+            self._index = []
+
+    def close(self) -> dict[str, Any]:
+        if self._file is not None:
+            self._flush()
+            self._file.close()
+        self._index_file.close()
+        return {"sequences": self.sequences, "residues": self.residues, "tokens": self.tokens,
+                "shards": self.shards, "index": f"{self.name}.index"}
+
+    def abort(self) -> None:
+        for f in (self._file, self._index_file):
+            if f is not None:
+                f.close()
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise PlanError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def prepare(fasta_paths: list[str], out_dir: str, *, max_len: int = 1024, val_fraction: float = 0.05,
+            seed: int = 0, progress: bool = True, overwrite: bool = False,
+            shard_tokens: int = DEFAULT_SHARD_TOKENS) -> PrepareReport:
+    """Tokenise FASTA files (plain or .gz) into memory-mapped shards under `out_dir`.
+
+    Records are `<bos> residues <eos>`; lower case is upper-cased and one terminal '*' is
+    dropped. Records with a character outside A-Z, more than `max_len` residues, no
+    residues, or no id are skipped and counted per reason. PlanError (and nothing written)
+    for: a missing, empty or non-FASTA file, unreadable gzip, a file in which every record
+    is skipped, a file of nucleotide sequences, or `out_dir` existing without `overwrite`.
+    """
+    if isinstance(fasta_paths, (str, os.PathLike)):
+        fasta_paths = [fasta_paths]
+    paths = [os.fspath(p) for p in fasta_paths]
+    if not paths:
+        raise PlanError("no FASTA files given")
+    max_len = _check_int("max_len", max_len, 1)
+    seed = _check_int("seed", seed, 0)
+    shard_tokens = _check_int("shard_tokens", shard_tokens, max_len + 2)
+    if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
+        raise PlanError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
+    seen: dict[str, str] = {}
+    for p in paths:
+        real = os.path.realpath(p)
+        if real in seen:
+            raise PlanError(f"{p}: listed twice (same file as {seen[real]})")
+        seen[real] = p
+    out = os.path.abspath(os.fspath(out_dir))
+    if os.path.exists(out) and not overwrite:
+        raise PlanError(f"{out}: already exists (pass overwrite=True / --overwrite to replace it)")
+    if os.path.exists(out) and not os.path.isfile(os.path.join(out, MANIFEST)):
+        raise PlanError(f"{out}: exists and is not a prepared data directory; refusing to replace it")
+    files = [FastaFile(p) for p in paths]     # checks existence and emptiness up front
+
+    t0 = time.perf_counter()
+    parent = os.path.dirname(out)
+    created: list[str] = []
+    tmp = None
+    writers: dict[str, _SplitWriter] = {}
+    bar = _progress_bar() if progress else None
+    try:
+        created = _makedirs(parent)
+        tmp = _fresh_dir(parent, f".{os.path.basename(out)}.tmp-")
+        writers = {s: _SplitWriter(tmp, s, shard_tokens) for s in SPLITS}
+        skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
+        examples: list[dict[str, Any]] = []
+        sources: list[dict[str, Any]] = []
+        for ff in files:
+            if bar is not None:
+                bar_task = bar.add_task(os.path.basename(ff.path), total=ff.size)
+                ff.on_bytes = lambda n, t=bar_task: bar.advance(t, n)
+            src_skipped: Counter[str] = Counter()
+            kept = residues = nucleotides = 0
+            first_bad = None
+            records_iter = ff.records(max_len)
+            for rec in records_iter:
+                if rec.skip is not None:
+                    src_skipped[rec.skip] += 1
+                    ex = {"file": ff.path, "line": rec.line, "id": rec.id, "reason": rec.skip, "detail": rec.detail}
+                    first_bad = first_bad or ex
+                    if len(examples) < _MAX_EXAMPLES:
+                        examples.append(ex)
+                    continue
+                writers[split_of(rec.id, seed, val_fraction)].add(rec.tokens)
+                kept += 1
+                residues += rec.residues
+                nucleotides += rec.residues - len(rec.tokens[1:-1].translate(None, _NUCLEOTIDE_IDS))
+            records_iter.close()
+            records = kept + sum(src_skipped.values())
+            if kept == 0:
+                reasons = ", ".join(f"{k} {v:,}" for k, v in src_skipped.items())
+                raise PlanError(
+                    f"{ff.path}: none of its {records:,} records is usable ({reasons}); first: record "
+                    f"{first_bad['id']!r} (line {first_bad['line']}): {first_bad['detail']}")
+            if residues >= _NUCLEOTIDE_MIN_RESIDUES and nucleotides >= _NUCLEOTIDE_FRACTION * residues:
+                raise PlanError(
+                    f"{ff.path}: {nucleotides / residues:.0%} of residues are A/C/G/T/U/N: these look like "
+                    "nucleotide sequences, not protein")
+            skipped.update(src_skipped)
+            sources.append({"path": os.path.abspath(ff.path), "name": os.path.basename(ff.path),
+                            "bytes": ff.size, "sha256": ff.sha256, "gzip": ff.compressed,
+                            "records": records, "sequences": kept, "residues": residues,
+                            "skipped": {k: v for k, v in src_skipped.items() if v}})
+        splits = {s: w.close() for s, w in writers.items()}
+        total = {k: sum(splits[s][k] for s in SPLITS) for k in ("sequences", "residues", "tokens")}
+        manifest = {
+            "format": FORMAT, "version": FORMAT_VERSION,
+            "vocabulary": {"tokens": list(TOKENS), "size": VOCAB_SIZE, "pad_id": PAD_ID, "bos_id": BOS_ID,
+                           "eos_id": TOKEN_TO_ID["<eos>"]},
+            "token_dtype": np.dtype(TOKEN_DTYPE).str,
+            "index_dtype": [[name, INDEX_DTYPE.fields[name][0].str] for name in INDEX_DTYPE.names],
+            "max_len": max_len, "val_fraction": val_fraction, "seed": seed,
+            "split_rule": "val if blake2b-64('{seed}\\0{record id}') / 2**64 < val_fraction",
+            "record_format": "<bos> residues <eos>; upper-cased; one terminal '*' dropped",
+            **total,
+            "splits": splits,
+            "skipped": dict(skipped),
+            "skipped_examples": examples,
+            "sources": sources,
+        }
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.write("\n")
+        _install(tmp, out)
+    except BaseException as err:
+        for w in writers.values():
+            w.abort()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for d in reversed(created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        if isinstance(err, OSError):        # disk full, permissions, ...
+            raise PlanError(f"{out}: cannot write the prepared data: {err}") from err
+        raise
+    finally:
+        if bar is not None:
+            bar.stop()
+    return PrepareReport(
+        out_dir=out, sequences=total["sequences"], residues=total["residues"], tokens=total["tokens"],
+        skipped=dict(skipped), splits={s: {k: splits[s][k] for k in ("sequences", "residues", "tokens")} for s in SPLITS},
+        sources=sources, skipped_examples=examples, seconds=time.perf_counter() - t0)
+
+
+def _fresh_dir(parent: str, prefix: str) -> str:
+    """A new empty directory with the usual permissions (tempfile.mkdtemp's are 0700)."""
+    for _ in range(100):
+        path = os.path.join(parent, prefix + secrets.token_hex(4))
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise PlanError(f"{parent}: cannot create a temporary directory")
+
+
+def _makedirs(path: str) -> list[str]:
+    """os.makedirs, returning the directories it created (outermost first)."""
+    missing = []
+    p = path
+    while p and not os.path.exists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    os.makedirs(path, exist_ok=True)
+    return list(reversed(missing))
+
+
+def _install(tmp: str, out: str) -> None:
+    if not os.path.exists(out):
+        os.rename(tmp, out)
+        return
+    old = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.old-{secrets.token_hex(4)}")
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _progress_bar():
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+    bar.start()
+    return bar
+
+
+# ----------------------------------------------------------------------------- dataset
+
+
+class TokenDataset:
+    """One split of a prepared directory: `len()` sequences, `ds[i]` -> uint8 token array
+    (a read-only view into the memory-mapped shard), `ds.lengths` -> int64 token counts."""
+
+    def __init__(self, prepared_dir: str | os.PathLike, split: str = "train"):
+        self.dir = Path(prepared_dir)
+        path = self.dir / MANIFEST
+        if not path.is_file():
+            raise PlanError(f"{self.dir}: not a prepared data directory (no {MANIFEST}; run prepare first)")
+        try:
+            self.manifest = json.loads(path.read_text())
+        except ValueError as err:
+            raise PlanError(f"{path}: unreadable manifest: {err}") from None
+        if self.manifest.get("format") != FORMAT or self.manifest.get("version") != FORMAT_VERSION:
+            raise PlanError(f"{path}: not an {FORMAT} v{FORMAT_VERSION} manifest")
+        if self.manifest["vocabulary"]["tokens"] != list(TOKENS):
+            raise PlanError(f"{self.dir}: prepared with a different vocabulary; prepare it again")
+        split = SPLIT_ALIASES.get(split, split)
+        if split not in self.manifest["splits"]:
+            raise PlanError(f"unknown split {split!r}; expected one of {', '.join(self.manifest['splits'])}"
+                            " ('validation' is 'val')")
+        self.split = split
+        info = self.manifest["splits"][split]
+        self.num_sequences = int(info["sequences"])
+        self.num_tokens = int(info["tokens"])
+        self.num_residues = int(info["residues"])
+        self._shard_files = [self.dir / s["file"] for s in info["shards"]]
+        self._shards: list[np.ndarray | None] = [None] * len(self._shard_files)
+        index_path = self.dir / info["index"]
+        expected = self.num_sequences * INDEX_DTYPE.itemsize
+        if not index_path.is_file() or index_path.stat().st_size != expected:
+            raise PlanError(f"{index_path}: missing or wrong size (expected {expected} bytes); prepare again")
+        self.index = (np.memmap(index_path, dtype=INDEX_DTYPE, mode="r") if self.num_sequences
+                      else np.zeros(0, dtype=INDEX_DTYPE))
+        self._lengths: np.ndarray | None = None
+        key = {k: self.manifest[k] for k in ("max_len", "val_fraction", "seed")}
+        key.update(split=split, sequences=self.num_sequences, tokens=self.num_tokens,
+                   sha256=[s["sha256"] for s in self.manifest["sources"]])
+        self.fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return self.num_sequences
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per sequence (uint32, in memory: 4 bytes a sequence)."""
+        if self._lengths is None:
+            self._lengths = np.ascontiguousarray(self.index["length"])
+        return self._lengths
+
+    def _shard(self, k: int) -> np.ndarray:
+        shard = self._shards[k]
+        if shard is None:
+            shard = self._shards[k] = np.memmap(self._shard_files[k], dtype=TOKEN_DTYPE, mode="r")
+        return shard
+
+    def tokens(self, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Tokens [start:stop] of sequence i (a view, no copy)."""
+        if not 0 <= i < self.num_sequences:
+            raise IndexError(i)
+        shard, length, offset = (int(v) for v in self.index[i])
+        stop = length if stop is None else min(stop, length)
+        return self._shard(shard)[offset + start: offset + stop]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.tokens(int(i))
+
+    def sequence(self, i: int) -> str:
+        """Sequence i as residue letters."""
+        return decode(self[i])
+
+
+# ----------------------------------------------------------------------------- loader
+
+
+def split_batch(batch):
+    """[B, seq_len + 1] -> (inputs [B, seq_len], targets [B, seq_len]); <pad> targets are
+    ignored by the loss (ignore_index = PAD_ID)."""
+    return batch[:, :-1], batch[:, 1:]
+
+
+class _StepCounter:
+    """The global sample position shared by Loader and SyntheticLoader (see module doc)."""
+
+    def _init_layout(self, seq_len, micro_batch, dp_rank, dp_size, grad_accumulation, seed) -> None:
+        self.seq_len = _check_int("seq_len", seq_len, 1)
+        self.micro_batch = _check_int("micro_batch", micro_batch, 1)
+        self.dp_size = _check_int("dp_size", dp_size, 1)
+        self.dp_rank = _check_int("dp_rank", dp_rank, 0)
+        if self.dp_rank >= self.dp_size:
+            raise PlanError(f"dp_rank {dp_rank} out of range for dp_size {dp_size}")
+        self.grad_accumulation = _check_int("grad_accumulation", grad_accumulation, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self.per_rank = self.micro_batch * self.grad_accumulation
+        self.global_batch = self.per_rank * self.dp_size
+        self._step_start = 0        # global sample number where the current step starts
+        self._micro = 0             # micro-batches of the current step already taken
+        self.last_indices = np.zeros(0, dtype=np.int64)
+
+    def _next_indices(self) -> np.ndarray:
+        start = self._step_start + self.dp_rank * self.per_rank + self._micro * self.micro_batch
+        self._micro += 1
+        if self._micro == self.grad_accumulation:
+            self._step_start += self.global_batch
+            self._micro = 0
+        self.last_indices = np.arange(start, start + self.micro_batch, dtype=np.int64)
+        return self.last_indices
+
+    @property
+    def samples_consumed(self) -> int:
+        """Global samples in completed steps (the same on every rank)."""
+        return self._step_start
+
+    def _stream_key(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact stream position; identical on every data-parallel rank (save it once)."""
+        return {"version": 1, "sample": self._step_start, "microbatch": self._micro,
+                "micro_batch": self.micro_batch, "grad_accumulation": self.grad_accumulation, "dp_size": self.dp_size,
+                **self._stream_key()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved stream. The data-parallel size, micro-batch and gradient
+        accumulation may differ from the saved ones when the state was saved at a step
+        boundary (the next step starts at the saved global sample)."""
+        if state.get("version") != 1:
+            raise PlanError(f"unknown loader state version {state.get('version')!r}")
+        mine = self._stream_key()
+        for k, v in mine.items():
+            if state.get(k) != v:
+                raise PlanError(f"loader state is for another sample stream: {k} {state.get(k)!r}, this loader {v!r}")
+        micro = int(state["microbatch"])
+        if micro and (state["micro_batch"], state["grad_accumulation"], state["dp_size"]) != (
+                self.micro_batch, self.grad_accumulation, self.dp_size):
+            raise PlanError("loader state was saved in the middle of a step; resuming with another "
+                            "micro_batch / grad_accumulation / dp_size needs a state saved at a step boundary")
+        self._step_start = int(state["sample"])
+        self._micro = micro
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.next_microbatch()
+
+
+def _narrow(perm: np.ndarray) -> np.ndarray:
+    return perm.astype(np.int32) if len(perm) < 2**31 else perm
+
+
+class Loader(_StepCounter):
+    """This data-parallel rank's micro-batches: LongTensor [micro_batch, seq_len + 1].
+
+    `last_indices` holds the global sample numbers of the last micro-batch. Every rank builds
+    the epoch's shuffle itself (no communication): in host memory about 4 bytes a sequence
+    for lengths and order, plus in pack mode 8 bytes a sequence (cumulative offsets) and 4
+    bytes a window, e.g. ~1 GB per rank for 60 M sequences. The shuffle uses numpy's PCG64
+    seeded by (seed, epoch, mode): the same on every rank and every restart.
+    """
+
+    def __init__(self, dataset: TokenDataset, seq_len: int, micro_batch: int, dp_rank: int, dp_size: int,
+                 seed: int, mode: str = "pack", *, grad_accumulation: int = 1):
+        self._init_layout(seq_len, micro_batch, dp_rank, dp_size, grad_accumulation, seed)
+        if mode not in MODES:
+            raise PlanError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.dataset, self.mode = dataset, mode
+        if len(dataset) == 0:
+            raise PlanError(f"{dataset.dir}: split {dataset.split!r} has no sequences")
+        if mode == "pack":
+            if dataset.num_tokens < self.seq_len + 1:
+                raise PlanError(f"split {dataset.split!r} holds {dataset.num_tokens:,} tokens, fewer than one "
+                                f"packed sample of seq_len + 1 = {self.seq_len + 1}")
+            self.samples_per_epoch = (dataset.num_tokens - 1) // self.seq_len
+        else:
+            self.samples_per_epoch = len(dataset)
+        self._epochs: dict[int, tuple[np.ndarray, ...]] = {}
+
+    def _stream_key(self) -> dict[str, Any]:
+        return {"seed": self.seed, "mode": self.mode, "seq_len": self.seq_len,
+                "dataset": self.dataset.fingerprint}
+
+    @property
+    def epoch(self) -> int:
+        return self._step_start // self.samples_per_epoch
+
+    def _epoch(self, e: int) -> tuple[np.ndarray, ...]:
+        plan = self._epochs.get(e)
+        if plan is None:
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, e, MODES.index(self.mode)])))
+            n = len(self.dataset)
+            order = _narrow(rng.permutation(n))
+            if self.mode == "pack":
+                cum = np.zeros(n + 1, dtype=np.int64)
+                np.cumsum(self.dataset.lengths[order], out=cum[1:], dtype=np.int64)
+                plan = (order, cum, _narrow(rng.permutation(self.samples_per_epoch)))
+            else:
+                plan = (order,)
+            self._epochs[e] = plan
+        return plan
+
+    def sample(self, g: int) -> np.ndarray:
+        """Global sample g as int64 tokens [seq_len + 1]."""
+        e, j = divmod(int(g), self.samples_per_epoch)
+        plan = self._epoch(e)
+        width = self.seq_len + 1
+        out = np.full(width, PAD_ID, dtype=np.int64)
+        if self.mode == "pad":
+            toks = self.dataset.tokens(int(plan[0][j]), 0, width)
+            out[: len(toks)] = toks
+            return out
+        order, cum, windows = plan
+        a = int(windows[j]) * self.seq_len
+        b = a + width
+        k = int(np.searchsorted(cum, a, side="right")) - 1
+        filled = 0
+        while filled < width:
+            lo = a + filled - int(cum[k])
+            take = min(width - filled, int(cum[k + 1] - cum[k]) - lo)
+            out[filled: filled + take] = self.dataset.tokens(int(order[k]), lo, lo + take)
+            filled += take
+            k += 1
+        assert filled == b - a
+        return out
+
+    def next_microbatch(self):
+        import torch
+
+        idx = self._next_indices()
+        first = int(idx[0]) // self.samples_per_epoch
+        for e in [e for e in self._epochs if e < first]:     # keep only the epochs still in use
+            del self._epochs[e]
+        return torch.from_numpy(np.stack([self.sample(g) for g in idx]))
+
+
+class SyntheticLoader(_StepCounter):
+    """io_mode 'synthetic': one fixed random batch (residue tokens after <bos>) returned on
+    every call (the same tensor: no loading, no copy); counts samples like Loader."""
+
+    def __init__(self, seq_len: int, micro_batch: int, dp_rank: int, dp_size: int, seed: int,
+                 *, grad_accumulation: int = 1):
+        import torch
+
+        self._init_layout(seq_len, micro_batch, dp_rank, dp_size, grad_accumulation, seed)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, self.dp_rank, 7])))
+        first, last = TOKEN_TO_ID["A"], TOKEN_TO_ID["Y"]
+        batch = rng.integers(first, last + 1, size=(self.micro_batch, self.seq_len + 1), dtype=np.int64)
+        batch[:, 0] = BOS_ID
+        self.batch = torch.from_numpy(batch)
+        self.mode = "synthetic"
+
+    def _stream_key(self) -> dict[str, Any]:
+        return {"seed": self.seed, "mode": "synthetic", "seq_len": self.seq_len, "dataset": None}
+
+    def next_microbatch(self):
+        self._next_indices()
+        return self.batch
+
+
+def build_loader(io_mode: str, prepared_dir: str | os.PathLike | None, *, seq_len: int, micro_batch: int,
+                 dp_rank: int, dp_size: int, seed: int, mode: str = "pack", grad_accumulation: int = 1,
+                 split: str = "train") -> Loader | SyntheticLoader:
+    """'real' and 'io-only' -> Loader over `prepared_dir`/`split` (io-only: the trainer runs
+    the loader alone, see measure_io); 'synthetic' -> SyntheticLoader (no data read)."""
+    if io_mode not in IO_MODES:
+        raise PlanError(f"io_mode must be one of {', '.join(IO_MODES)}, got {io_mode!r}")
+    if io_mode == "synthetic":
+        return SyntheticLoader(seq_len, micro_batch, dp_rank, dp_size, seed, grad_accumulation=grad_accumulation)
+    if prepared_dir is None:
+        raise PlanError(f"io_mode {io_mode!r} needs a prepared data directory")
+    return Loader(TokenDataset(prepared_dir, split), seq_len, micro_batch, dp_rank, dp_size, seed, mode,
+                  grad_accumulation=grad_accumulation)
+
+
+def measure_io(loader: Loader | SyntheticLoader, steps: int) -> dict[str, float]:
+    """Time `steps` calls of `loader.next_microbatch()` (micro-batches: pass optimizer steps x
+    grad_accumulation for whole steps) with nothing else running; this rank's rates.
+    Advances the loader. tokens = input tokens (seq_len per sample); nonpad_tokens counts the
+    non-<pad> ones."""
+    calls = _check_int("steps", steps, 1)
+    samples = nonpad = 0
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        batch = loader.next_microbatch()
+        samples += batch.shape[0]
+        nonpad += int((batch[:, :-1] != PAD_ID).sum())
+    seconds = max(time.perf_counter() - t0, 1e-9)
+    tokens = samples * loader.seq_len
+    return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds,
+            "nonpad_tokens_per_s": nonpad / seconds, "samples": samples, "tokens": tokens,
+            "microbatches": calls, "seconds": seconds}
+
+
+
+# ----------------------------------------------------------------------------- for the trainer and the CLI
+
+
+def _fasta_list(data) -> list[str]:
+    if isinstance(data, (list, tuple)):
+        paths = [os.fspath(p) for p in data]
+    else:
+        text = os.fspath(data)
+        paths = [text] if os.path.exists(text) else [p.strip() for p in text.split(",") if p.strip()]
+    if not paths:
+        raise PlanError("no FASTA files given", field="data")
+    return paths
+
+
+def _cache_matches(cache: Path, paths: list[str], max_len: int, val_fraction: float, seed: int) -> bool:
+    """Whether `cache` was prepared from exactly these files (path, size, not modified since)
+    with these options."""
+    try:
+        manifest_path = cache / MANIFEST
+        manifest = json.loads(manifest_path.read_text())
+        made = manifest_path.stat().st_mtime
+        if (manifest.get("format"), manifest.get("version")) != (FORMAT, FORMAT_VERSION):
+            return False
+        if (manifest["max_len"], manifest["val_fraction"], manifest["seed"]) != (max_len, val_fraction, seed):
+            return False
+        if manifest["vocabulary"]["tokens"] != list(TOKENS):
+            return False
+        sources = manifest["sources"]
+        if [s["path"] for s in sources] != [os.path.abspath(p) for p in paths]:
+            return False
+        for src, p in zip(sources, paths):
+            st = os.stat(p)
+            if st.st_size != src["bytes"] or st.st_mtime > made:
+                return False
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _broadcast_nonce() -> str | None:
+    """A token from global rank 0 to all ranks when torch.distributed is running (None otherwise)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    obj = [secrets.token_hex(8) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(obj, src=0)
+    return obj[0]
+
+
+def ensure_prepared(data: str | os.PathLike | list | None, cache_dir: str | os.PathLike, *, rank: int = 0,
+                    max_len: int = 1024, val_fraction: float = 0.05, seed: int = 0, progress: bool | None = None,
+                    timeout_s: float = 24 * 3600.0, poll_s: float = 0.5) -> Path:
+    """A prepared directory for `data`, for every rank of a job.
+
+    `data`: None (the shipped sample), a prepared directory (returned as is), or FASTA
+    file(s): a list or a comma-separated string. FASTA input is prepared into `cache_dir` by
+    rank 0, unless `cache_dir` already holds these very files (same paths and sizes, not
+    modified since) prepared with the same options; the other ranks wait until it is there
+    (`cache_dir` must be on a filesystem that all ranks see). Under torch.distributed, a
+    PlanError on rank 0 reaches the waiting ranks too (through a marker file next to
+    `cache_dir`), so no rank hangs; the only collective is one small broadcast at the start,
+    so a long preparation does not run into collective timeouts.
+    """
+    if data is not None and not isinstance(data, (list, tuple)) and os.path.isdir(os.fspath(data)):
+        d = Path(os.fspath(data)).resolve()
+        if not (d / MANIFEST).is_file():
+            raise PlanError(f"{d}: a directory without {MANIFEST}: not a prepared data directory", field="data")
+        return d
+    paths = [str(sample_fasta_path())] if data is None else _fasta_list(data)
+    cache = Path(os.fspath(cache_dir)).resolve()
+    error_file = cache.parent / f".{cache.name}.error"
+    nonce = _broadcast_nonce()
+    if rank == 0:
+        try:
+            if error_file.exists():
+                error_file.unlink()
+            if not _cache_matches(cache, paths, max_len, val_fraction, seed):
+                prepare(paths, str(cache), max_len=max_len, val_fraction=val_fraction, seed=seed,
+                        progress=True if progress is None else progress, overwrite=True)
+        except PlanError as err:
+            if nonce is not None:
+                error_file.parent.mkdir(parents=True, exist_ok=True)
+                error_file.write_text(json.dumps({"nonce": nonce, "error": str(err)}))
+            raise
+        return cache
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if _cache_matches(cache, paths, max_len, val_fraction, seed):
+            return cache
+        if nonce is not None and error_file.exists():
+            try:
+                info = json.loads(error_file.read_text())
+            except (OSError, ValueError):
+                info = {}
+            if info.get("nonce") == nonce:
+                raise PlanError(f"rank 0 could not prepare the data: {info.get('error')}", field="data")
+        if time.monotonic() > deadline:
+            raise PlanError(f"rank {rank}: waited {timeout_s:.0f} s for rank 0 to prepare {cache}", field="data")
+        time.sleep(poll_s)
+
+
+def describe(prepared_dir: str | os.PathLike) -> str:
+    """A few lines about a prepared directory (for `exaplan data info`)."""
+    ds = TokenDataset(prepared_dir, "train")
+    m = ds.manifest
+    lines = [f"{ds.dir}: {m['sequences']:,} sequences, {m['residues']:,} residues, {m['tokens']:,} tokens "
+             f"(max_len {m['max_len']}, val_fraction {m['val_fraction']}, split seed {m['seed']})"]
+    for name, info in m["splits"].items():
+        lines.append(f"  {name:5s} {info['sequences']:>12,} sequences {info['tokens']:>15,} tokens "
+                     f"in {len(info['shards'])} shard(s)")
+    skipped = ", ".join(f"{k} {v:,}" for k, v in m["skipped"].items() if v) or "none"
+    lines.append(f"  skipped: {skipped}")
+    for ex in m["skipped_examples"][:5]:
+        lines.append(f"    {os.path.basename(ex['file'])}:{ex['line']} {ex['id']!r}: {ex['reason']} ({ex['detail']})")
+    for src in m["sources"]:
+        lines.append(f"  source {src['path']} ({src['bytes']:,} bytes, sha256 {src['sha256'][:16]}...)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`exaplan data prepare|info|sample`: PlanError propagates (the exaplan CLI prints it, exit 2)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="exaplan data", description="Protein FASTA -> token shards for `exaplan run`.")
+    sub = ap.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("prepare", help="tokenise FASTA files (plain or .gz) into a prepared directory")
+    p.add_argument("fasta", nargs="*", help="FASTA files (default: the shipped UniProt sample)")
+    p.add_argument("-o", "--out", required=True, help="output directory (written atomically)")
+    p.add_argument("--max-len", type=int, default=1024, help="longest sequence kept, in residues (default 1024)")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="validation share, by record id hash (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    i = sub.add_parser("info", help="describe a prepared directory")
+    i.add_argument("dir")
+    i.add_argument("--json", action="store_true", help="print the manifest")
+    sub.add_parser("sample", help="print the path of the shipped UniProt sample FASTA")
+    args = ap.parse_args(argv)
+    if args.action == "sample":
+        print(sample_fasta_path())
+        return 0
+    if args.action == "info":
+        if args.json:
+            print(json.dumps(TokenDataset(args.dir).manifest, indent=1))
+        else:
+            print(describe(args.dir))
+        return 0
+    rep = prepare(args.fasta or [str(sample_fasta_path())], args.out, max_len=args.max_len,
+                  val_fraction=args.val_fraction, seed=args.seed, progress=not args.no_progress,
+                  overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps({**rep.__dict__}, indent=1))
+    else:
+        print(rep.summary())
+        for ex in rep.skipped_examples[:5]:
+            print(f"  skipped {os.path.basename(ex['file'])}:{ex['line']} {ex['id']!r}: {ex['reason']} ({ex['detail']})")
+    return 0
+
+__all__ = ["FORMAT", "INDEX_DTYPE", "IO_MODES", "MODES", "SPLITS", "Loader", "PrepareReport", "SyntheticLoader",
+           "TokenDataset", "build_loader", "decode", "describe", "encode", "ensure_prepared", "main", "measure_io",
+           "prepare", "sample_fasta_path", "split_batch", "split_of"]
