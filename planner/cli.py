@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP)
     c.add_argument("--json", action="store_true")
 
+    r = sub.add_parser("run", help="train the protein LM with a plan (torch.distributed; `exaplan run --help`)", add_help=False)
+    r.add_argument("rest", nargs=argparse.REMAINDER)
+    d = sub.add_parser("data", help="prepare FASTA into token shards (`exaplan data prepare --help`)", add_help=False)
+    d.add_argument("rest", nargs=argparse.REMAINDER)
+
     ls = sub.add_parser("list", help="list model and machine presets")
     ls.add_argument("--json", action="store_true")
     return ap
@@ -375,6 +380,25 @@ def cmd_capacity(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    """Under a launcher: run as one rank. Otherwise start the plan's ranks through torchrun."""
+    from runtime import launch, trainer
+
+    targs = trainer.parse_args(args.rest)  # --help and usage errors exit here (code 0 / 2)
+    if launch.detect() is not None:
+        return trainer.main(args.rest)
+    from planner.plan import load_plan
+
+    plan = load_plan(targs.plan)
+    return launch.spawn_local(plan, args.rest)
+
+
+def cmd_data(args) -> int:
+    from runtime.data import main as data_main
+
+    return data_main(args.rest)
+
+
 def cmd_list(args) -> int:
     from machine_models import list_machines
     from planner.cost.flops import total_params
@@ -392,7 +416,7 @@ def cmd_list(args) -> int:
 
 
 COMMANDS = {"plan": cmd_plan, "estimate": cmd_estimate, "explain": cmd_explain, "schema": cmd_schema,
-            "validate": cmd_validate, "capacity": cmd_capacity, "list": cmd_list}
+            "validate": cmd_validate, "capacity": cmd_capacity, "run": cmd_run, "data": cmd_data, "list": cmd_list}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,244 @@
+"""Train the protein LM as a plan says. Runs as one rank; `exaplan run` starts the ranks.
+
+Read top to bottom: the numbered steps are the order in which a plan is applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from planner.errors import PlanError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="exaplan run", description="Train the protein LM with a plan (one rank).")
+    ap.add_argument("plan", help="plan file")
+    ap.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
+    ap.add_argument("--data", help="FASTA file(s, comma-separated) or a prepared directory (default: the shipped UniProt sample)")
+    ap.add_argument("--out", default="runs/latest", help="output directory (metrics, checkpoints, summary)")
+    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/checkpoints")
+    ap.add_argument("--io-mode", choices=["real", "synthetic", "io-only"], default="real",
+                    help="real data; one batch reused (no loading); or the loader alone without compute")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--warmup", type=int, default=10, help="linear warm-up steps")
+    ap.add_argument("--val-every", type=int, default=50, help="validation loss every N steps (0: only at the end)")
+    ap.add_argument("--val-batches", type=int, default=4)
+    ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--compile", action="store_true", help="torch.compile each block (the plan may ask for it too)")
+    return ap.parse_args(argv)
+
+
+def lr_at(step: int, args) -> float:
+    """Linear warm-up, then cosine decay to 10% over the run."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    frac = (step - args.warmup) / max(args.steps - args.warmup, 1)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return train(args)
+    except PlanError as e:
+        print(f"exaplan run: error: {e}", file=sys.stderr)
+        return 2
+
+
+def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in order
+    import torch
+    import torch.distributed as dist
+
+    from planner.plan import load_plan
+    from runtime import checkpoint, data, launch, metrics
+    from runtime.mesh import build_mesh
+    from runtime.model import ProteinLM, init_weights, loss_fn
+    from runtime.parallel import apply_data_parallel, apply_recompute, apply_tp, clip_grad_norm_
+
+    # 1. The plan, and this rank's place in it.
+    plan = load_plan(args.plan)
+    renv = launch.detect()
+    if renv is None:
+        raise PlanError("not started by a launcher: use `exaplan run PLAN` (it starts torchrun), srun, mpiexec or torchrun")
+    device = launch.init_distributed(plan, renv)
+    rank = dist.get_rank()
+    if device.type == "cpu" and plan.job.precision.value != "fp32" and rank == 0:
+        print(f"warning: a {plan.job.precision.value} plan on a CPU: bf16/fp16 matmuls run about 200x slower here; "
+              "plan with --precision fp32 for CPU runs", file=sys.stderr)
+    torch.manual_seed(args.seed + rank)
+    out = Path(args.out)
+
+    # 2. The mesh: pp, dp_replicate, dp_shard, cp, tp (+ flattened dp, dp_shard_cp, dp_cp).
+    mesh = build_mesh(plan, device.type)
+    spec = plan.model
+
+    # 3. The model on the meta device: no rank ever holds all of it.
+    with torch.device("meta"):
+        model = ProteinLM(spec)
+
+    # 4. Pipeline split: the chunks this pp rank runs (the whole model when pp = 1).
+    runner = None
+    if plan.mesh.pp > 1:
+        from runtime.parallel.pipeline import split_model
+
+        parts = split_model(model, plan, mesh["pp"].get_local_rank())
+    else:
+        parts = [model]
+
+    # 5. On every part, in this order: tensor (+ sequence) parallelism, activation
+    #    recompute, compile, then data parallelism (FSDP2 / HSDP / DDP / ZeRO).
+    handles = []
+    for part in parts:
+        apply_tp(part, mesh["tp"], plan.sequence_parallel)
+        apply_recompute(part, plan.recompute)
+        if plan.compile or args.compile:
+            for key, block in part.layers.items():
+                part.layers[key] = torch.compile(block)
+        handles.append(apply_data_parallel(part, mesh, plan))
+
+    # 6. Materialise and initialise: the same seed gives the same weights in any layout.
+    for part in parts:
+        part.to_empty(device=device)
+        init_weights(part, spec, args.seed)
+        part.setup_rope(device)
+    handle = handles[0]
+    # One AdamW per model part (interleaved pipelines hold several), stepped together.
+    optimizers = [h.build_optimizer(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1) for h in handles]
+    optimizer = optimizers[0] if len(optimizers) == 1 else optimizers  # what checkpoints save
+
+    # 7. Data: this data-parallel rank's slice of every global batch.
+    dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
+    prepared = data.ensure_prepared(args.data, out / "data", rank=rank)
+    train_set, val_set = data.TokenDataset(prepared, "train"), data.TokenDataset(prepared, "validation")
+    mbs, gas, seq = plan.micro_batch_size, plan.grad_accumulation_steps, plan.job.seq_len
+    loader = data.Loader(train_set, seq_len=seq, micro_batch=mbs, dp_rank=dp_rank, dp_size=dp_size, seed=args.seed,
+                         grad_accumulation=gas)
+
+    if plan.mesh.pp > 1:
+        from runtime.parallel.pipeline import build_schedule
+
+        runner = build_schedule(parts, plan, mesh["pp"], device, gas, loss_fn, (mbs, seq))
+
+    # 8. Resume: model, optimizer, data position, RNG (reshards to this layout).
+    start_step = 0
+    ckpt_dir = out / "checkpoints"
+    if args.resume:
+        latest = checkpoint.latest(ckpt_dir)
+        if latest is None:
+            raise PlanError(f"--resume: no complete checkpoint in {ckpt_dir}", field="resume")
+        extra = checkpoint.load(latest, parts, optimizer)
+        loader.load_state_dict(extra["data"])
+        start_step = int(extra["step"])
+
+    writer = metrics.MetricsWriter(out, plan, enabled=rank == 0)
+    if args.io_mode == "io-only":
+        result = data.measure_io(loader, args.steps * gas)
+        if rank == 0:
+            print(f"io-only: {result}")
+        dist.destroy_process_group()
+        return 0
+    fixed_batch = loader.next_microbatch().to(device) if args.io_mode == "synthetic" else None
+
+    # 9. Train: micro-batches accumulate without synchronising until the last one.
+    def run_step() -> float:
+        if runner is not None:
+            batch = fixed_batch if fixed_batch is not None else torch.cat([loader.next_microbatch() for _ in range(gas)]).to(device)
+            return float(runner.step(batch[:, :-1], batch[:, 1:]))
+        total = 0.0
+        for i in range(gas):
+            batch = fixed_batch if fixed_batch is not None else loader.next_microbatch().to(device)
+            ctx = handle.no_sync() if i < gas - 1 else _nullcontext()
+            with ctx:
+                loss = loss_fn(parts[0](batch[:, :-1]), batch[:, 1:]) / gas
+                loss.backward()
+            total += float(loss.detach())
+        return total
+
+    for step in range(start_step, args.steps):
+        for opt in optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, args)
+        t0 = time.perf_counter()
+        loss = run_step()
+        grad_norm = clip_grad_norm_(handles, 1.0)
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        step_time = time.perf_counter() - t0
+        loss = _global_loss(loss, mesh, device)
+        peak = _max_over_ranks(metrics.peak_memory_bytes(device), device)
+        writer.log_step(step, loss, plan.job.global_batch * seq, step_time, peak, lr_at(step, args), grad_norm)
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+            print(f"step {step:5d}  loss {loss:.4f}  {step_time * 1e3:8.1f} ms/step", flush=True)
+        if args.val_every and (step + 1) % args.val_every == 0 and step + 1 < args.steps:
+            writer.log_validation(step, _validate(parts, runner, val_set, plan, args, device, mesh))
+        if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
+            checkpoint.save(ckpt_dir, step + 1, parts, optimizer, {"data": loader.state_dict(), "step": step + 1})
+
+    # 10. The end: last checkpoint, validation loss, measured against predicted.
+    val_loss = _validate(parts, runner, val_set, plan, args, device, mesh)
+    checkpoint.save(ckpt_dir, args.steps, parts, optimizer, {"data": loader.state_dict(), "step": args.steps})
+    writer.finish({"val_loss": val_loss})
+    dist.destroy_process_group()
+    return 0
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _global_loss(loss, mesh, device) -> float:
+    """Mean of the data-parallel ranks' losses (the loss of the whole global batch)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([0.0 if loss is None else float(loss)], device=device)
+    dist.all_reduce(t, group=mesh["dp_cp"].get_group())
+    return float(t) / mesh["dp_cp"].size()
+
+
+def _max_over_ranks(value: int, device) -> int:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
+def _validate(parts, runner, val_set, plan, args, device, mesh) -> float:
+    """Mean loss over `val_batches` global batches of validation samples (no gradients): the
+    same samples whatever the layout, split over the data-parallel ranks as in training."""
+    import torch
+
+    from runtime import data
+    from runtime.model import loss_fn
+
+    loader = data.Loader(val_set, seq_len=plan.job.seq_len, micro_batch=plan.micro_batch_size,
+                         dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=1234,
+                         grad_accumulation=plan.grad_accumulation_steps)
+    losses = []
+    with torch.no_grad():
+        for _ in range(args.val_batches * plan.grad_accumulation_steps):
+            batch = loader.next_microbatch().to(device)
+            if runner is not None:
+                losses.append(runner.evaluate(batch[:, :-1], batch[:, 1:]))
+            else:
+                losses.append(float(loss_fn(parts[0](batch[:, :-1]), batch[:, 1:])))
+    return _global_loss(sum(losses) / len(losses), mesh, device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
