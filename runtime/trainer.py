@@ -132,11 +132,11 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
         latest = checkpoint.latest(ckpt_dir)
         if latest is None:
             raise PlanError(f"--resume: no complete checkpoint in {ckpt_dir}", field="resume")
-        extra = checkpoint.load(latest, parts, optimizer)
+        extra = checkpoint.load(latest, parts, optimizer, seed=args.seed)
         loader.load_state_dict(extra["data"])
         start_step = int(extra["step"])
 
-    writer = metrics.MetricsWriter(out, plan, enabled=rank == 0)
+    writer = metrics.MetricsWriter(out, plan, enabled=rank == 0, device=device)
     if args.io_mode == "io-only":
         result = data.measure_io(loader, args.steps * gas)
         if rank == 0:
@@ -181,11 +181,11 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
         if args.val_every and (step + 1) % args.val_every == 0 and step + 1 < args.steps:
             writer.log_validation(step, _validate(parts, runner, val_set, plan, args, device, mesh))
         if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
-            checkpoint.save(ckpt_dir, step + 1, parts, optimizer, {"data": loader.state_dict(), "step": step + 1})
+            checkpoint.save(ckpt_dir, step + 1, parts, optimizer, {"data": loader.state_dict(), "step": step + 1, "seed": args.seed})
 
     # 10. The end: last checkpoint, validation loss, measured against predicted.
     val_loss = _validate(parts, runner, val_set, plan, args, device, mesh)
-    checkpoint.save(ckpt_dir, args.steps, parts, optimizer, {"data": loader.state_dict(), "step": args.steps})
+    checkpoint.save(ckpt_dir, args.steps, parts, optimizer, {"data": loader.state_dict(), "step": args.steps, "seed": args.seed})
     writer.finish({"val_loss": val_loss})
     dist.destroy_process_group()
     return 0
