@@ -390,7 +390,25 @@ def cmd_run(args) -> int:
     from planner.plan import load_plan
 
     plan = load_plan(targs.plan)
+    check_run_inputs(targs)
     return launch.spawn_local(plan, args.rest)
+
+
+def check_run_inputs(targs) -> None:
+    """What can be refused before any rank starts: steps, the output folder, the data."""
+    from pathlib import Path
+
+    from runtime import checkpoint, data
+
+    if targs.steps <= 0:
+        raise PlanError("must be a positive number of steps", field="steps")
+    ckpts = Path(targs.out) / "checkpoints"
+    if targs.resume and checkpoint.latest(ckpts) is None:
+        raise PlanError(f"no complete checkpoint in {ckpts} to resume from", field="--resume")
+    if not targs.resume and checkpoint.latest(ckpts) is not None:
+        raise PlanError(f"{ckpts} already holds checkpoints: pass --resume to continue, or choose another --out", field="--out")
+    # Prepare (or check) the data here, once, so that bad input fails before the ranks start.
+    data.ensure_prepared(targs.data, Path(targs.out) / "data", rank=0)
 
 
 def cmd_data(args) -> int:

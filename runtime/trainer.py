@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--compile", action="store_true", help="torch.compile each block (the plan may ask for it too)")
+    ap.add_argument("--log-samples", action="store_true",
+                    help="record the global sample numbers of every step in metrics.jsonl (to check resumption)")
     return ap.parse_args(argv)
 
 
@@ -136,6 +138,8 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
         loader.load_state_dict(extra["data"])
         start_step = int(extra["step"])
 
+    if not args.resume and rank == 0:
+        (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run starts a fresh log
     writer = metrics.MetricsWriter(out, plan, enabled=rank == 0, device=device)
     if args.io_mode == "io-only":
         result = data.measure_io(loader, args.steps * gas)
@@ -146,13 +150,23 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     fixed_batch = loader.next_microbatch().to(device) if args.io_mode == "synthetic" else None
 
     # 9. Train: micro-batches accumulate without synchronising until the last one.
+    seen: list[int] = []  # global sample numbers of this step on this rank
+
+    def next_batch():
+        if fixed_batch is not None:
+            return fixed_batch
+        batch = loader.next_microbatch()
+        seen.extend(int(i) for i in loader.last_indices)
+        return batch.to(device)
+
     def run_step() -> float:
+        seen.clear()
         if runner is not None:
-            batch = fixed_batch if fixed_batch is not None else torch.cat([loader.next_microbatch() for _ in range(gas)]).to(device)
+            batch = torch.cat([next_batch() for _ in range(gas)])
             return float(runner.step(batch[:, :-1], batch[:, 1:]))
         total = 0.0
         for i in range(gas):
-            batch = fixed_batch if fixed_batch is not None else loader.next_microbatch().to(device)
+            batch = next_batch()
             ctx = handle.no_sync() if i < gas - 1 else _nullcontext()
             with ctx:
                 loss = loss_fn(parts[0](batch[:, :-1]), batch[:, 1:]) / gas
@@ -175,7 +189,10 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
         step_time = time.perf_counter() - t0
         loss = _global_loss(loss, mesh, device)
         peak = _max_over_ranks(metrics.peak_memory_bytes(device), device)
-        writer.log_step(step, loss, plan.job.global_batch * seq, step_time, peak, lr_at(step, args), grad_norm)
+        record = writer.log_step(step, loss, plan.job.global_batch * seq, step_time, peak, lr_at(step, args), grad_norm)
+        if args.log_samples:
+            _log_samples(writer, step, seen, mesh)
+        _fault_injection(step, rank)
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             print(f"step {step:5d}  loss {loss:.4f}  {step_time * 1e3:8.1f} ms/step", flush=True)
         if args.val_every and (step + 1) % args.val_every == 0 and step + 1 < args.steps:
@@ -197,6 +214,30 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
+
+
+def _log_samples(writer, step: int, seen: list[int], mesh) -> None:
+    """Append the sorted global sample numbers of the step (all data-parallel ranks) to
+    metrics.jsonl; ranks of one data-parallel replica share samples, so the union is taken."""
+    import torch.distributed as dist
+
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, seen)
+    if writer.enabled:
+        writer._emit({"kind": "samples", "step": step, "samples": sorted({i for part in everyone for i in part})})
+
+
+def _fault_injection(step: int, rank: int) -> None:
+    """Test hook: EXAPLAN_FAULT_KILL=RANK:STEP makes that rank SIGKILL itself after that step,
+    as a crashed node would (tests/test_runtime_e2e.py)."""
+    import os
+    import signal
+
+    spec = os.environ.get("EXAPLAN_FAULT_KILL")
+    if spec:
+        kill_rank, kill_step = (int(x) for x in spec.split(":"))
+        if rank == kill_rank and step == kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _global_loss(loss, mesh, device) -> float:
