@@ -67,6 +67,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=False)
         self.wv = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=False)
         self.wo = nn.Linear(spec.heads * spec.head_dim, spec.hidden, bias=False)
+        # Context parallelism (runtime/parallel/context.py, set by apply_cp): None = off.
+        self.cp = None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -74,6 +76,10 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
+        if self.cp is not None:
+            # Context parallelism: x holds this rank's load-balanced slice of the sequence;
+            # rotary embeddings at global positions, keys/values gathered over the cp group.
+            return self.wo(self.cp.attention(q, k, v, rope).reshape(b, s, -1))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -122,6 +128,8 @@ class ProteinLM(nn.Module):
         self.output = None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
+        # Context parallelism (runtime/parallel/context.py, set by apply_cp): None = off.
+        self.cp = None
 
     def setup_rope(self, device=None) -> None:
         """Rotary tables (not parameters, not checkpointed): call after materialising."""
@@ -132,7 +140,10 @@ class ProteinLM(nn.Module):
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(x)
             if self.pos_embeddings is not None:
-                h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
+                if self.cp is None:
+                    h = h + self.pos_embeddings(torch.arange(x.shape[1], device=x.device))
+                else:  # context parallelism: x holds tokens at load-balanced global positions
+                    h = h + self.pos_embeddings(self.cp.positions(x.shape[1], x.device))
         else:
             h = x
         rope = (self.rope_cos, self.rope_sin) if self.rope_cos is not None else None

@@ -62,6 +62,7 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     from runtime.mesh import build_mesh
     from runtime.model import ProteinLM, init_weights, loss_fn
     from runtime.parallel import apply_data_parallel, apply_recompute, apply_tp, clip_grad_norm_
+    from runtime.parallel.context import apply_cp, shard_sequence
 
     # 1. The plan, and this rank's place in it.
     plan = load_plan(args.plan)
@@ -93,11 +94,12 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     else:
         parts = [model]
 
-    # 5. On every part, in this order: tensor (+ sequence) parallelism, activation
-    #    recompute, compile, then data parallelism (FSDP2 / HSDP / DDP / ZeRO).
+    # 5. On every part, in this order: tensor (+ sequence) parallelism, context parallelism,
+    #    activation recompute, compile, then data parallelism (FSDP2 / HSDP / DDP / ZeRO).
     handles = []
     for part in parts:
         apply_tp(part, mesh["tp"], plan.sequence_parallel)
+        apply_cp(part, mesh["cp"])
         apply_recompute(part, plan.recompute)
         if plan.compile or args.compile:
             for key, block in part.layers.items():
@@ -114,8 +116,10 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     optimizers = [h.build_optimizer(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1) for h in handles]
     optimizer = optimizers[0] if len(optimizers) == 1 else optimizers  # what checkpoints save
 
-    # 7. Data: this data-parallel rank's slice of every global batch.
+    # 7. Data: this data-parallel rank's slice of every global batch (all cp ranks of a
+    #    replica load the same micro-batches; shard_sequence takes this cp rank's tokens).
     dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
+    cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
     prepared = data.ensure_prepared(args.data, out / "data", rank=rank)
     train_set, val_set = data.TokenDataset(prepared, "train"), data.TokenDataset(prepared, "validation")
     mbs, gas, seq = plan.micro_batch_size, plan.grad_accumulation_steps, plan.job.seq_len
@@ -125,7 +129,8 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     if plan.mesh.pp > 1:
         from runtime.parallel.pipeline import build_schedule
 
-        runner = build_schedule(parts, plan, mesh["pp"], device, gas, loss_fn, (mbs, seq))
+        # Stages pass this cp rank's seq / cp tokens.
+        runner = build_schedule(parts, plan, mesh["pp"], device, gas, loss_fn, (mbs, seq // cp_size))
 
     # 8. Resume: model, optimizer, data position, RNG (reshards to this layout).
     start_step = 0
@@ -163,13 +168,14 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
         seen.clear()
         if runner is not None:
             batch = torch.cat([next_batch() for _ in range(gas)])
-            return float(runner.step(batch[:, :-1], batch[:, 1:]))
+            return float(runner.step(*shard_sequence(batch, cp_rank, cp_size)))
         total = 0.0
         for i in range(gas):
             batch = next_batch()
             ctx = handle.no_sync() if i < gas - 1 else _nullcontext()
             with ctx:
-                loss = loss_fn(parts[0](batch[:, :-1]), batch[:, 1:]) / gas
+                inputs, targets = shard_sequence(batch, cp_rank, cp_size)  # the whole when cp = 1
+                loss = loss_fn(parts[0](inputs), targets) / gas
                 loss.backward()
             total += float(loss.detach())
         return total
@@ -241,7 +247,8 @@ def _fault_injection(step: int, rank: int) -> None:
 
 
 def _global_loss(loss, mesh, device) -> float:
-    """Mean of the data-parallel ranks' losses (the loss of the whole global batch)."""
+    """Mean of the data- and context-parallel ranks' losses (the loss of the whole global
+    batch: every cp rank holds the same number of tokens)."""
     import torch
     import torch.distributed as dist
 
@@ -266,7 +273,9 @@ def _validate(parts, runner, val_set, plan, args, device, mesh) -> float:
 
     from runtime import data
     from runtime.model import loss_fn
+    from runtime.parallel.context import shard_sequence
 
+    cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
     loader = data.Loader(val_set, seq_len=plan.job.seq_len, micro_batch=plan.micro_batch_size,
                          dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=1234,
                          grad_accumulation=plan.grad_accumulation_steps)
@@ -274,10 +283,11 @@ def _validate(parts, runner, val_set, plan, args, device, mesh) -> float:
     with torch.no_grad():
         for _ in range(args.val_batches * plan.grad_accumulation_steps):
             batch = loader.next_microbatch().to(device)
+            inputs, targets = shard_sequence(batch, cp_rank, cp_size)
             if runner is not None:
-                losses.append(runner.evaluate(batch[:, :-1], batch[:, 1:]))
+                losses.append(runner.evaluate(inputs, targets))
             else:
-                losses.append(float(loss_fn(parts[0](batch[:, :-1]), batch[:, 1:])))
+                losses.append(float(loss_fn(parts[0](inputs), targets)))
     return _global_loss(sum(losses) / len(losses), mesh, device)
 
 
