@@ -133,8 +133,11 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         comms[Communicator.pp] = CollectiveChoice(op="send_recv", algorithm=Algorithm.ring, ranks=row["pp"],
                                                   nodes_spanned=spanned(row["pp"], stride), bytes_per_step=float(2 * row["gas"] * row["vpp"] * act))
     if row["cp"] > 1:
-        comms[Communicator.cp] = CollectiveChoice(op="send_recv", algorithm=Algorithm.ring, ranks=row["cp"],
-                                                  nodes_spanned=spanned(row["cp"], row["tp"]), bytes_per_step=0.0)
+        kv = row["mbs"] * job.seq_len * 2 * model.kv_heads * model.head_dim * B / row["tp"]
+        passes = 3 if row["recompute"] == 2 else 2
+        comms[Communicator.cp] = CollectiveChoice(
+            op="all_gather+reduce_scatter", algorithm=Algorithm.ring, ranks=row["cp"], nodes_spanned=spanned(row["cp"], row["tp"]),
+            bytes_per_step=float(row["gas"] * passes * model.layers / row["pp"] * kv * (row["cp"] - 1) / row["cp"]))
 
     mem = ev.memory
     prediction = Prediction(

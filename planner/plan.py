@@ -129,7 +129,7 @@ class ShardingOptions(Spec):
 class CollectiveChoice(Spec):
     """The collective one communicator runs, and how: its size and where its ranks sit."""
 
-    op: Literal["allreduce", "reduce_scatter+all_gather", "send_recv"]
+    op: Literal["allreduce", "reduce_scatter+all_gather", "all_gather+reduce_scatter", "send_recv"]
     algorithm: Algorithm
     ranks: PosInt
     nodes_spanned: PosInt
@@ -249,6 +249,8 @@ def plan_problems(plan: Plan) -> list[str]:
         )
     if m.sequence_parallel and mesh.tp == 1:
         p.append("sequence_parallel: needs tp > 1")
+    if m.sequence_parallel and (m.job.seq_len // mesh.cp) % mesh.tp:
+        p.append(f"sequence_parallel: tp ({mesh.tp}) must divide seq_len / cp ({m.job.seq_len // mesh.cp})")
     kind = m.sharding.kind
     if kind in (Sharding.none,) and mesh.dp_shard != 1:
         p.append("sharding.kind none (DDP) needs dp_shard == 1: data parallelism is dp_replicate")

@@ -157,12 +157,13 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
         cost = np.where(u.sp == 1, sp_cost, ar_cost)  # inf where the library lacks the algorithm
         with np.errstate(invalid="ignore"):
             tp_mb[a] = np.where(calls > 0, calls * cost, 0.0)
-    # Context parallel: K and V pass around the ring of cp ranks (forward once, backward
-    # twice for K, V and their gradients, again when recomputed).
+    # Context parallel (runtime/parallel/context.py): every block all-gathers K and V over
+    # the cp ranks in forward (again when recomputed) and reduce-scatters their gradients
+    # in backward: (cp-1)/cp of the full sequence's K and V per pass, as a ring would move.
     pl_cp = comm.place(u.cp, t, tiers)
-    kv_bytes = T * 2 * model.kv_heads * model.head_dim * B / t
-    steps = (u.cp - 1) * (3 + np.where(u.recompute == RC_FULL, 1, 0))
-    cp_mb = blocks_on_rank * steps * comm.point_to_point(kv_bytes, pl_cp.alpha_s, pl_cp.beta_Bps) * (1 - ov.cp)
+    kv_full = T * u.cp * 2 * model.kv_heads * model.head_dim * B / t
+    passes = 2 + np.where(u.recompute == RC_FULL, 1, 0)
+    cp_mb = blocks_on_rank * passes * comm.ring_all_gather(pl_cp.size, kv_full, pl_cp.alpha_s, pl_cp.beta_Bps) * (1 - ov.cp)
     # Pipeline: each chunk sends its activations forward and their gradients back.
     pl_pp = comm.place(u.pp, u.dp * u.cp * t, tiers)
     pp_bytes = np.where(u.sp == 1, M_act / t, M_act)

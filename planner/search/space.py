@@ -1,7 +1,8 @@
 """Every legal layout of a job on a machine, generated as arrays.
 
 Legal means: pp x dp x cp x tp = world size; tp divides heads, kv_heads and ffn_hidden;
-2 cp divides the sequence (ring attention splits it into 2 cp chunks); pp <= layers;
+2 cp divides the sequence (load-balanced context parallelism cuts it into 2 cp chunks);
+pp <= layers; sequence parallelism needs tp to divide seq / cp;
 mbs x gas x dp = global batch (never changed); a pipeline has gas >= pp micro-batches
 (interleaved 1F1B: a multiple of pp, and pp x v <= layers); sharding over dp_shard x cp
 ranks; HSDP groups of every size G with 2 <= G and dp / G >= 2; sequence parallelism only
@@ -54,8 +55,9 @@ def enumerate_space(model: ModelSpec, job: TrainingJob, world: int) -> Space:
     meshes: list[tuple[int, ...]] = []  # pp, dp_replicate, dp_shard, cp, tp, sharding
     rows: list[np.ndarray] = []  # unit, mesh, gas, schedule
     for tp in tp_options(model, world):
-        sps = (0, 1) if tp > 1 else (0,)
         for cp in cp_options(job, world // tp):
+            # Sequence parallelism splits each rank's seq / cp tokens over tp.
+            sps = (0, 1) if tp > 1 and (job.seq_len // cp) % tp == 0 else (0,)
             for pp in divisors(world // (tp * cp)):
                 dp = world // (tp * cp * pp)
                 if pp > model.layers or job.global_batch % dp:
@@ -112,6 +114,8 @@ def layout_problems(model: ModelSpec, job: TrainingJob, world: int, lay: Layouts
                    f"(needs at least pp micro-batches; interleaved needs a multiple of pp and pp x vpp <= layers)")
     if r["sp"] and tp == 1:
         out.append("sp: sequence parallelism needs tp > 1")
+    if r["sp"] and (job.seq_len // max(cp, 1)) % tp:
+        out.append(f"sp: sequence parallelism splits seq / cp = {job.seq_len // max(cp, 1)} tokens over tp = {tp}; tp must divide it")
     if r["sharding"] == SH_HSDP and (r["dp_shard"] < 2 or r["dp_replicate"] < 2):
         out.append(f"shard_group: hsdp needs a shard group of at least 2 that divides dp ({dp}) at most dp/2")
     if r["sharding"] == SH_NONE and r["dp_shard"] != 1:
