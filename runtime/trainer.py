@@ -60,9 +60,9 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     from planner.plan import load_plan
     from runtime import checkpoint, data, launch, metrics
     from runtime.mesh import build_mesh
-    from runtime.model import ProteinLM, init_weights, loss_fn
-    from runtime.parallel import apply_data_parallel, apply_recompute, apply_tp, clip_grad_norm_
-    from runtime.parallel.context import apply_cp, shard_sequence
+    from runtime.model import loss_fn
+    from runtime.parallel import clip_grad_norm_
+    from runtime.parallel.context import shard_sequence
 
     # 1. The plan, and this rank's place in it.
     plan = load_plan(args.plan)
@@ -79,38 +79,10 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
 
     # 2. The mesh: pp, dp_replicate, dp_shard, cp, tp (+ flattened dp, dp_shard_cp, dp_cp).
     mesh = build_mesh(plan, device.type)
-    spec = plan.model
 
-    # 3. The model on the meta device: no rank ever holds all of it.
-    with torch.device("meta"):
-        model = ProteinLM(spec)
-
-    # 4. Pipeline split: the chunks this pp rank runs (the whole model when pp = 1).
+    # 3-6. The model, parallelised and initialised (build_model, below).
+    parts, handles = build_model(plan, mesh, device, args.seed, compile_blocks=args.compile)
     runner = None
-    if plan.mesh.pp > 1:
-        from runtime.parallel.pipeline import split_model
-
-        parts = split_model(model, plan, mesh["pp"].get_local_rank())
-    else:
-        parts = [model]
-
-    # 5. On every part, in this order: tensor (+ sequence) parallelism, context parallelism,
-    #    activation recompute, compile, then data parallelism (FSDP2 / HSDP / DDP / ZeRO).
-    handles = []
-    for part in parts:
-        apply_tp(part, mesh["tp"], plan.sequence_parallel)
-        apply_cp(part, mesh["cp"])
-        apply_recompute(part, plan.recompute)
-        if plan.compile or args.compile:
-            for key, block in part.layers.items():
-                part.layers[key] = torch.compile(block)
-        handles.append(apply_data_parallel(part, mesh, plan))
-
-    # 6. Materialise and initialise: the same seed gives the same weights in any layout.
-    for part in parts:
-        part.to_empty(device=device)
-        init_weights(part, spec, args.seed)
-        part.setup_rope(device)
     handle = handles[0]
     # One AdamW per model part (interleaved pipelines hold several), stepped together.
     optimizers = [h.build_optimizer(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1) for h in handles]
@@ -212,6 +184,46 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     writer.finish({"val_loss": val_loss})
     dist.destroy_process_group()
     return 0
+
+
+def build_model(plan, mesh, device, seed: int, compile_blocks: bool = False):
+    """Steps 3-6 of a plan: (this rank's model parts, their data-parallel handles)."""
+    import torch
+
+    from runtime.model import ProteinLM, init_weights
+    from runtime.parallel import apply_cp, apply_data_parallel, apply_recompute, apply_tp
+
+    spec = plan.model
+    # 3. The model on the meta device: no rank ever holds all of it.
+    with torch.device("meta"):
+        model = ProteinLM(spec)
+
+    # 4. Pipeline split: the chunks this pp rank runs (the whole model when pp = 1).
+    if plan.mesh.pp > 1:
+        from runtime.parallel.pipeline import split_model
+
+        parts = split_model(model, plan, mesh["pp"].get_local_rank())
+    else:
+        parts = [model]
+
+    # 5. On every part, in this order: tensor (+ sequence) parallelism, context parallelism,
+    #    activation recompute, compile, then data parallelism (FSDP2 / HSDP / DDP / ZeRO).
+    handles = []
+    for part in parts:
+        apply_tp(part, mesh["tp"], plan.sequence_parallel)
+        apply_cp(part, mesh["cp"])
+        apply_recompute(part, plan.recompute)
+        if plan.compile or compile_blocks:
+            for key, block in part.layers.items():
+                part.layers[key] = torch.compile(block)
+        handles.append(apply_data_parallel(part, mesh, plan))
+
+    # 6. Materialise and initialise: the same seed gives the same weights in any layout.
+    for part in parts:
+        part.to_empty(device=device)
+        init_weights(part, spec, seed)
+        part.setup_rope(device)
+    return parts, handles
 
 
 class _nullcontext:
