@@ -167,7 +167,7 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
         step_time = time.perf_counter() - t0
         loss = _global_loss(loss, mesh, device)
         peak = _max_over_ranks(metrics.peak_memory_bytes(device), device)
-        record = writer.log_step(step, loss, plan.job.global_batch * seq, step_time, peak, lr_at(step, args), grad_norm)
+        writer.log_step(step, loss, plan.job.global_batch * seq, step_time, peak, lr_at(step, args), grad_norm)
         if args.log_samples:
             _log_samples(writer, step, seen, mesh)
         _fault_injection(step, rank)

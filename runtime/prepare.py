@@ -1,0 +1,336 @@
+"""FASTA -> memory-mapped token shards (`prepare`): the preparation half of the training data.
+
+Prepared directory layout (all little-endian, raw numpy arrays described by the manifest):
+
+    manifest.json            counts, skipped records per reason, sources with sha256, vocabulary
+    train-00000.tokens ...   uint8 token ids, sequences (<bos> residues <eos>) back to back
+    train.index              INDEX_DTYPE per sequence: shard number, length (tokens), offset
+    val-00000.tokens, val.index
+
+`prepare` streams its inputs (plain or gzip, any size) and writes into a temporary directory
+next to `out_dir`, renamed into place only when everything succeeded: on error (PlanError)
+nothing is left behind. The train/val split hashes each record's id with the seed, so a
+record lands in the same split whatever the file order. The loader is in runtime/data.py.
+"""
+
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.errors import PlanError
+from planner.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID, TOKENS, VOCAB_SIZE
+from runtime.fasta import SKIP_REASONS, FastaFile
+
+FORMAT = "exaplan-protein-tokens"
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+SPLIT_ALIASES = {"validation": "val", "valid": "val", "training": "train"}
+MODES = ("pack", "pad")
+IO_MODES = ("real", "synthetic", "io-only")
+INDEX_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8")])
+TOKEN_DTYPE = np.uint8
+MANIFEST = "manifest.json"
+DEFAULT_SHARD_TOKENS = 1 << 30      # 1 GiB per shard file
+_FLUSH_BYTES = 1 << 18              # write buffer per split (256 KiB)
+_MAX_EXAMPLES = 20                  # skipped records listed by id in the manifest
+# Nucleotide letters (as token ids): a file of (nearly) only these is DNA/RNA, not protein.
+_NUCLEOTIDE_IDS = bytes(TOKEN_TO_ID[c] for c in "ACGTUN")
+_NUCLEOTIDE_MIN_RESIDUES = 1000
+_NUCLEOTIDE_FRACTION = 0.95
+
+
+def sample_fasta_path() -> Path:
+    """The shipped sample: 3,103 UniProtKB sequences (see runtime/data/ATTRIBUTION.md)."""
+    path = Path(__file__).resolve().parent / "data" / "uniprot_sample.fasta.gz"
+    if not path.is_file():
+        raise PlanError(f"shipped sample missing: {path} (package data not installed?)")
+    return path
+
+
+def split_of(record_id: str, seed: int, val_fraction: float) -> str:
+    """'val' or 'train' from a hash of (seed, record id): independent of file order."""
+    if val_fraction <= 0:
+        return "train"
+    digest = hashlib.blake2b(f"{seed}\0{record_id}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return "val" if int.from_bytes(digest, "little") < val_fraction * 2.0**64 else "train"
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+@dataclass
+class PrepareReport:
+    out_dir: str
+    sequences: int                      # kept, all splits
+    residues: int
+    tokens: int                         # residues + 2 per sequence
+    skipped: dict[str, int]             # reason -> records (every reason listed, 0 included)
+    splits: dict[str, dict[str, int]]   # split -> sequences, residues, tokens
+    sources: list[dict[str, Any]]       # path, bytes, sha256, gzip, records, sequences, skipped
+    skipped_examples: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def records(self) -> int:
+        return self.sequences + sum(self.skipped.values())
+
+    def summary(self) -> str:
+        skipped = ", ".join(f"{k} {v:,}" for k, v in self.skipped.items() if v) or "none"
+        split = ", ".join(f"{k} {v['sequences']:,}" for k, v in self.splits.items())
+        return (f"{self.out_dir}: {self.sequences:,} sequences, {self.residues:,} residues "
+                f"({split}); skipped: {skipped}; {self.seconds:.1f} s")
+
+
+class _SplitWriter:
+    """Appends token sequences to size-capped shard files and their index entries."""
+
+    def __init__(self, directory: str, name: str, shard_tokens: int):
+        self.dir, self.name, self.shard_tokens = directory, name, shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self._file = None
+        self._pos = 0
+        self._buf = bytearray()
+        self._index: list[tuple[int, int, int]] = []
+        self._index_file = open(os.path.join(directory, f"{name}.index"), "wb")
+        self.sequences = self.residues = self.tokens = 0
+
+    def add(self, tokens: bytes) -> None:
+        n = len(tokens)
+        if self._file is None or self._pos + n > self.shard_tokens:
+            self._new_shard()
+        self._index.append((len(self.shards) - 1, n, self._pos))
+        self._buf += tokens
+        self._pos += n
+        self.shards[-1]["tokens"] = self._pos
+        self.sequences += 1
+        self.residues += n - 2
+        self.tokens += n
+        if len(self._buf) >= _FLUSH_BYTES:
+            self._flush()
+
+    def _new_shard(self) -> None:
+        if self._file is not None:
+            self._flush()
+            self._file.close()
+        fname = f"{self.name}-{len(self.shards):05d}.tokens"
+        self._file = open(os.path.join(self.dir, fname), "wb")
+        self.shards.append({"file": fname, "tokens": 0})
+        self._pos = 0
+
+    def _flush(self) -> None:
+        if self._buf:
+            self._file.write(self._buf)
+            self._buf = bytearray()
+        if self._index:
+            arr = np.empty(len(self._index), dtype=INDEX_DTYPE)
+            cols = np.array(self._index, dtype=np.int64)
+            arr["shard"], arr["length"], arr["offset"] = cols[:, 0], cols[:, 1], cols[:, 2]
+            arr.tofile(self._index_file)
+            self._index = []
+
+    def close(self) -> dict[str, Any]:
+        if self._file is not None:
+            self._flush()
+            self._file.close()
+        self._index_file.close()
+        return {"sequences": self.sequences, "residues": self.residues, "tokens": self.tokens,
+                "shards": self.shards, "index": f"{self.name}.index"}
+
+    def abort(self) -> None:
+        for f in (self._file, self._index_file):
+            if f is not None:
+                f.close()
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise PlanError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def prepare(fasta_paths: list[str], out_dir: str, *, max_len: int = 1024, val_fraction: float = 0.05,
+            seed: int = 0, progress: bool = True, overwrite: bool = False,
+            shard_tokens: int = DEFAULT_SHARD_TOKENS) -> PrepareReport:
+    """Tokenise FASTA files (plain or .gz) into memory-mapped shards under `out_dir`.
+
+    Records are `<bos> residues <eos>`; lower case is upper-cased and one terminal '*' is
+    dropped. Records with a character outside A-Z, more than `max_len` residues, no
+    residues, or no id are skipped and counted per reason. PlanError (and nothing written)
+    for: a missing, empty or non-FASTA file, unreadable gzip, a file in which every record
+    is skipped, a file of nucleotide sequences, or `out_dir` existing without `overwrite`.
+    """
+    if isinstance(fasta_paths, (str, os.PathLike)):
+        fasta_paths = [fasta_paths]
+    paths = [os.fspath(p) for p in fasta_paths]
+    if not paths:
+        raise PlanError("no FASTA files given")
+    max_len = _check_int("max_len", max_len, 1)
+    seed = _check_int("seed", seed, 0)
+    shard_tokens = _check_int("shard_tokens", shard_tokens, max_len + 2)
+    if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
+        raise PlanError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
+    seen: dict[str, str] = {}
+    for p in paths:
+        real = os.path.realpath(p)
+        if real in seen:
+            raise PlanError(f"{p}: listed twice (same file as {seen[real]})")
+        seen[real] = p
+    out = os.path.abspath(os.fspath(out_dir))
+    if os.path.exists(out) and not overwrite:
+        raise PlanError(f"{out}: already exists (pass overwrite=True / --overwrite to replace it)")
+    if os.path.exists(out) and not os.path.isfile(os.path.join(out, MANIFEST)):
+        raise PlanError(f"{out}: exists and is not a prepared data directory; refusing to replace it")
+    files = [FastaFile(p) for p in paths]     # checks existence and emptiness up front
+
+    t0 = time.perf_counter()
+    parent = os.path.dirname(out)
+    created: list[str] = []
+    tmp = None
+    writers: dict[str, _SplitWriter] = {}
+    bar = _progress_bar() if progress else None
+    try:
+        created = _makedirs(parent)
+        tmp = _fresh_dir(parent, f".{os.path.basename(out)}.tmp-")
+        writers = {s: _SplitWriter(tmp, s, shard_tokens) for s in SPLITS}
+        skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
+        examples: list[dict[str, Any]] = []
+        sources: list[dict[str, Any]] = []
+        for ff in files:
+            if bar is not None:
+                bar_task = bar.add_task(os.path.basename(ff.path), total=ff.size)
+                ff.on_bytes = lambda n, t=bar_task: bar.advance(t, n)
+            src_skipped: Counter[str] = Counter()
+            kept = residues = nucleotides = 0
+            first_bad = None
+            records_iter = ff.records(max_len)
+            for rec in records_iter:
+                if rec.skip is not None:
+                    src_skipped[rec.skip] += 1
+                    ex = {"file": ff.path, "line": rec.line, "id": rec.id, "reason": rec.skip, "detail": rec.detail}
+                    first_bad = first_bad or ex
+                    if len(examples) < _MAX_EXAMPLES:
+                        examples.append(ex)
+                    continue
+                writers[split_of(rec.id, seed, val_fraction)].add(rec.tokens)
+                kept += 1
+                residues += rec.residues
+                nucleotides += rec.residues - len(rec.tokens[1:-1].translate(None, _NUCLEOTIDE_IDS))
+            records_iter.close()
+            records = kept + sum(src_skipped.values())
+            if kept == 0:
+                reasons = ", ".join(f"{k} {v:,}" for k, v in src_skipped.items())
+                raise PlanError(
+                    f"{ff.path}: none of its {records:,} records is usable ({reasons}); first: record "
+                    f"{first_bad['id']!r} (line {first_bad['line']}): {first_bad['detail']}")
+            if residues >= _NUCLEOTIDE_MIN_RESIDUES and nucleotides >= _NUCLEOTIDE_FRACTION * residues:
+                raise PlanError(
+                    f"{ff.path}: {nucleotides / residues:.0%} of residues are A/C/G/T/U/N: these look like "
+                    "nucleotide sequences, not protein")
+            skipped.update(src_skipped)
+            sources.append({"path": os.path.abspath(ff.path), "name": os.path.basename(ff.path),
+                            "bytes": ff.size, "sha256": ff.sha256, "gzip": ff.compressed,
+                            "records": records, "sequences": kept, "residues": residues,
+                            "skipped": {k: v for k, v in src_skipped.items() if v}})
+        splits = {s: w.close() for s, w in writers.items()}
+        total = {k: sum(splits[s][k] for s in SPLITS) for k in ("sequences", "residues", "tokens")}
+        manifest = {
+            "format": FORMAT, "version": FORMAT_VERSION,
+            "vocabulary": {"tokens": list(TOKENS), "size": VOCAB_SIZE, "pad_id": PAD_ID, "bos_id": BOS_ID,
+                           "eos_id": TOKEN_TO_ID["<eos>"]},
+            "token_dtype": np.dtype(TOKEN_DTYPE).str,
+            "index_dtype": [[name, INDEX_DTYPE.fields[name][0].str] for name in INDEX_DTYPE.names],
+            "max_len": max_len, "val_fraction": val_fraction, "seed": seed,
+            "split_rule": "val if blake2b-64('{seed}\\0{record id}') / 2**64 < val_fraction",
+            "record_format": "<bos> residues <eos>; upper-cased; one terminal '*' dropped",
+            **total,
+            "splits": splits,
+            "skipped": dict(skipped),
+            "skipped_examples": examples,
+            "sources": sources,
+        }
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.write("\n")
+        _install(tmp, out)
+    except BaseException as err:
+        for w in writers.values():
+            w.abort()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for d in reversed(created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        if isinstance(err, OSError):        # disk full, permissions, ...
+            raise PlanError(f"{out}: cannot write the prepared data: {err}") from err
+        raise
+    finally:
+        if bar is not None:
+            bar.stop()
+    return PrepareReport(
+        out_dir=out, sequences=total["sequences"], residues=total["residues"], tokens=total["tokens"],
+        skipped=dict(skipped), splits={s: {k: splits[s][k] for k in ("sequences", "residues", "tokens")} for s in SPLITS},
+        sources=sources, skipped_examples=examples, seconds=time.perf_counter() - t0)
+
+
+def _fresh_dir(parent: str, prefix: str) -> str:
+    """A new empty directory with the usual permissions (tempfile.mkdtemp's are 0700)."""
+    for _ in range(100):
+        path = os.path.join(parent, prefix + secrets.token_hex(4))
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise PlanError(f"{parent}: cannot create a temporary directory")
+
+
+def _makedirs(path: str) -> list[str]:
+    """os.makedirs, returning the directories it created (outermost first)."""
+    missing = []
+    p = path
+    while p and not os.path.exists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    os.makedirs(path, exist_ok=True)
+    return list(reversed(missing))
+
+
+def _install(tmp: str, out: str) -> None:
+    if not os.path.exists(out):
+        os.rename(tmp, out)
+        return
+    old = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.old-{secrets.token_hex(4)}")
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _progress_bar():
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+    bar.start()
+    return bar
+
+
