@@ -93,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--loo", action="store_true", help="also leave-one-out errors: refit without each run and predict it (about a minute)")
     v.add_argument("--json", action="store_true")
 
+    k = sub.add_parser("calibrate", help="measure this machine (matmul, memory, collectives) and write its machine model",
+                       description="Measure matmul throughput over shapes, memory bandwidth and collectives (allreduce, "
+                                   "reduce-scatter, all-gather, point-to-point) between N ranks with this machine's backend, "
+                                   "fit the machine model's figures, and write a MachineModel YAML (raw measurements beside "
+                                   "it). `--from-runs` refits the efficiency figures from runs that `exaplan run` made.")
+    k.add_argument("--ranks", type=int, default=2, help="ranks (devices) to measure between (default 2)")
+    k.add_argument("--quick", action="store_true", help="fewer sizes and repeats: under a minute on a laptop")
+    k.add_argument("--base", default=None, help="machine model to start from (default: the detected local machine)")
+    k.add_argument("-o", "--output", default=None, help="YAML to write (default machine_models/local.yaml, which `--machine local` then uses)")
+    k.add_argument("--from-runs", nargs="+", metavar="DIR", help="refit from these `exaplan run` output folders instead of measuring")
+    k.add_argument("--json", action="store_true")
+
     c = sub.add_parser("capacity", help="time-to-train against node count; the fewest nodes that meet a deadline",
                        description="Search the best layout at each node count and report tokens/s and days to train "
                                    "the token budget; with --deadline-days, the fewest nodes that meet it.")
@@ -417,6 +429,40 @@ def cmd_data(args) -> int:
     return data_main(args.rest)
 
 
+def cmd_calibrate(args) -> int:
+    from pathlib import Path
+
+    from machine_models import PRESET_DIR, detect_local_machine, load_machine
+    from machine_models.fit_local import fit, write_calibration
+
+    if args.ranks <= 0:
+        raise PlanError("must be a positive number of ranks", field="ranks")
+    out = Path(args.output) if args.output else PRESET_DIR / "local.yaml"
+    base = load_machine(args.base) if args.base else detect_local_machine(args.ranks)
+    if args.from_runs:
+        from runtime.validate_local import refit_from_runs
+
+        machine = refit_from_runs([Path(d) for d in args.from_runs], base)
+        write_calibration(machine, {"from_runs": [str(d) for d in args.from_runs]}, out)
+    else:
+        from machine_models.measure import measure
+
+        meas = measure(args.ranks, quick=args.quick, progress=not args.json)
+        machine = fit(meas, base)
+        write_calibration(machine, meas, out)
+    if args.json:
+        print(json.dumps(dict(output=str(out), machine=machine.model_dump(mode="json")), indent=2))
+        return 0
+    console = _console(args)
+    m = machine
+    console.print(f"wrote {out} (raw measurements beside it)")
+    console.print(f"matmul: peak {m.peak_tflops[next(iter(m.peak_tflops))] * 1e3:.1f} GFLOP/s x efficiency "
+                  f"{m.matmul_efficiency.peak_fraction:.2f} (half at d = {m.matmul_efficiency.half_dim:.0f}); memory "
+                  f"{m.memory_bandwidth_gbps:.1f} GB/s; collectives alpha {m.intra_node_latency_us:.0f} us, "
+                  f"beta {m.intra_node_bandwidth_gbps:.2f} GB/s per rank")
+    return 0
+
+
 def cmd_list(args) -> int:
     from machine_models import list_machines
     from planner.cost.flops import total_params
@@ -434,7 +480,7 @@ def cmd_list(args) -> int:
 
 
 COMMANDS = {"plan": cmd_plan, "estimate": cmd_estimate, "explain": cmd_explain, "schema": cmd_schema,
-            "validate": cmd_validate, "capacity": cmd_capacity, "run": cmd_run, "data": cmd_data, "list": cmd_list}
+            "validate": cmd_validate, "capacity": cmd_capacity, "calibrate": cmd_calibrate, "run": cmd_run, "data": cmd_data, "list": cmd_list}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,556 @@
+"""Measure this machine for `exaplan calibrate`: matmul throughput, memory bandwidth, collectives.
+
+    meas = measure(ranks=2, quick=True)        # raw, JSON-able measurements
+    machine = fit_local.fit(meas, base)        # machine_models/fit_local.py (numpy/scipy, no torch)
+    fit_local.write_calibration(machine, meas, Path("machine_models/local.yaml"))
+
+What is measured, on the device this process would train on (CUDA -> nccl, Intel XPU ->
+xccl, CPU -> gloo; runtime.launch.device_and_backend):
+  - matmul: FLOP/s of square and skinny GEMMs for each precision that matters (bf16 and fp32
+    on a GPU; fp32 on a CPU, plus one small bf16 shape, since CPU bf16 is ~200x slower). On a
+    CPU each rank of a run gets cores // ranks threads (what runtime.launch gives it), so the
+    GEMMs run in ONE process with torch.set_num_threads(cores // ranks): the figure is one
+    rank's ("device's"). The other ranks are idle meanwhile, so shared caches and memory
+    bandwidth favour this figure slightly.
+  - memory: a large tensor copy (bytes read + written per second). On a CPU the copy runs
+    with every core and the node figure is divided between the ranks (they share it); on a
+    GPU it is the device's own.
+  - collectives: allreduce, reduce_scatter (reduce_scatter_tensor), all_gather
+    (all_gather_into_tensor) and point-to-point (send/recv ping-pong, one way = half the round
+    trip) over message sizes from 4 bytes to 64 MiB (quick) or 256 MiB (full). The message
+    size M is the full buffer, as planner/cost/comm.py counts it: what each rank holds before
+    an allreduce or a reduce-scatter and after an all-gather. Each time is the slowest rank's,
+    the median over repeats after a warm-up. Started as `ranks` processes through
+    torch.multiprocessing (spawn) meeting at a free TCP port on 127.0.0.1, with a rich
+    progress bar in the parent; or, when this process was started by a launcher (torchrun,
+    srun, mpiexec: RANK/WORLD_SIZE or the launcher's own variables), as one rank of that job.
+
+How one node and a multi-node run make a model of a whole machine:
+  - A single-node run (`exaplan calibrate` on one node, ranks = devices per node) gives the
+    device figures: the matmul efficiency curve and peaks per precision, the memory
+    bandwidth, and the intra-node fabric's alpha (latency) and beta (bandwidth per device per
+    direction), fitted to the ring formulas of planner/cost/comm.py.
+  - A run over 2+ nodes (under srun or mpiexec, one process per device; measure() reads the
+    launcher's RANK/WORLD_SIZE and the ranks per node) times the same collectives across the
+    nodes: their alpha is the inter-node latency, and their beta times the ranks per node is
+    the injection bandwidth of one node (nics_per_node x nic_gbps), since all ranks of a node
+    share its NICs in a ring that crosses nodes. One rank per node measures the NIC path alone.
+  - What no benchmark of a few nodes can see comes from the site's description: the number
+    of nodes, the topology (fat tree, dragonfly groups and their taper) and NICs per node.
+    A calibrated file starts from the site's preset (or the detected local machine) and
+    replaces only the figures measured.
+
+torch is imported here and only here (and only by `exaplan calibrate`); the fit is torch-free.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import queue as _queue
+import socket
+import statistics
+import time
+from typing import Any, Callable
+
+MEASUREMENTS_VERSION = 1
+KINDS = ("allreduce", "reduce_scatter", "all_gather", "p2p")
+
+# Matmul shapes (M, N, K): square ones for the curve, skinny ones as a transformer's per-rank
+# GEMMs are (many tokens x a narrow slice of a wide weight, or few tokens x a wide weight).
+SQUARE_QUICK = (128, 256, 512, 1024, 2048)
+SQUARE_FULL = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+SKINNY_QUICK = ((4096, 256, 1024), (256, 2048, 2048))
+SKINNY_FULL = ((4096, 256, 1024), (256, 2048, 2048), (8192, 512, 2048), (2048, 8192, 512), (64, 4096, 4096))
+CPU_LOW_PRECISION_SHAPE = (256, 256, 256)  # ~30 MFLOP: a tenth of a second at CPU bf16 speed
+MATMUL_MIN_SECONDS = {True: 0.05, False: 0.2}  # repeat each GEMM until this long (quick, full)
+
+# Message sizes in bytes: powers of 16 from 4 B to 64 MiB (quick), powers of 4 to 256 MiB (full).
+SIZES_QUICK = tuple(4 * 16**k for k in range(7))  # 4 B ... 64 MiB
+SIZES_FULL = tuple(4 * 4**k for k in range(14))  # 4 B ... 256 MiB
+
+
+def default_sizes(quick: bool) -> tuple[int, ...]:
+    return SIZES_QUICK if quick else SIZES_FULL
+
+
+def _repeats(nbytes: int, quick: bool) -> int:
+    if quick:
+        return 11 if nbytes <= 1 << 20 else 3  # small ones cost ~0.3 ms each: more, against gloo's odd 4 ms
+    return 20 if nbytes <= 1 << 20 else (10 if nbytes <= 16 << 20 else 5)
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def measure(
+    ranks: int = 2,
+    quick: bool = False,
+    progress: bool = True,
+    *,
+    sizes: list[int] | tuple[int, ...] | None = None,
+    collectives: bool = True,
+    matmul: bool = True,
+    memory: bool = True,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """Measure this machine; returns raw, JSON-able measurements (see the module docstring).
+
+    `ranks`: ranks per node the run would use (cores are split between them on a CPU), and
+    the processes the collectives run on. Under a launcher the job's world size is used.
+    `quick`: fewer shapes, sizes and repeats (under a minute on a 2-core CPU).
+    `sizes`: message sizes in bytes (default: 4 B to 64 MiB quick, 256 MiB full).
+    `collectives`, `matmul`, `memory`: switch parts off (tests, or a compute-only run).
+    """
+    import torch
+
+    launched = _launched()
+    if launched is not None:
+        ranks = launched["local_world_size"] or 1
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1, got {ranks}")
+    started = time.perf_counter()
+    device_type, backend = _device_and_backend()
+    cores = _cpu_cores()
+    threads = max(1, cores // ranks)
+    sizes = tuple(int(s) for s in (sizes if sizes is not None else default_sizes(quick)))
+    meas: dict[str, Any] = {
+        "version": MEASUREMENTS_VERSION,
+        "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "device_type": device_type,
+        "device_name": _device_name(device_type),
+        "backend": backend,
+        "ranks": ranks,  # ranks per node
+        "nodes": 1,
+        "world_size": ranks,
+        "cores": cores,
+        "threads_per_rank": threads if device_type == "cpu" else None,
+        "quick": bool(quick),
+        "launcher": launched["launcher"] if launched else "spawn",
+        "notes": [],
+    }
+    if launched is not None:
+        meas["world_size"] = launched["world_size"]
+        meas["nodes"] = max(1, launched["world_size"] // max(1, ranks))
+    if device_type == "cpu":
+        meas["notes"].append(
+            f"matmul timed in one process with torch.set_num_threads({threads}) = {cores} cores // {ranks} ranks "
+            "(each rank's share, as runtime.launch gives it); the other ranks were idle meanwhile"
+        )
+
+    is_rank0 = launched is None or launched["rank"] == 0
+    with _Progress(progress and is_rank0) as bar:
+        if matmul:
+            meas["matmul"] = _measure_matmul(device_type, threads, quick, bar)
+        if memory:
+            meas["memory"] = _measure_memory(device_type, ranks, quick, bar)
+        if collectives and (launched is not None or ranks > 1):
+            if launched is not None:
+                meas["collectives"] = _collectives_under_launcher(launched, sizes, quick, bar)
+            else:
+                meas["collectives"] = _collectives_spawned(ranks, threads, sizes, quick, bar, timeout_s)
+        elif collectives:
+            meas["notes"].append("one rank: no collectives measured")
+    meas["duration_s"] = round(time.perf_counter() - started, 3)
+    return meas
+
+
+# --------------------------------------------------------------------------------------------
+# Device, timing
+# --------------------------------------------------------------------------------------------
+
+
+def _device_and_backend() -> tuple[str, str]:
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", "nccl"  # also AMD GPUs (ROCm builds: RCCL behind the nccl name)
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu", "xccl"
+    return "cpu", "gloo"
+
+
+def _device_name(device_type: str) -> str:
+    import torch
+
+    if device_type == "cuda":
+        return torch.cuda.get_device_name(0)
+    if device_type == "xpu":
+        return torch.xpu.get_device_name(0)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def _cpu_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _sync(device_type: str) -> None:
+    import torch
+
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    elif device_type == "xpu":
+        torch.xpu.synchronize()
+
+
+def _time_once(fn: Callable[[], Any], device_type: str) -> float:
+    """Seconds of one call: device events on a GPU, the wall clock on a CPU."""
+    import torch
+
+    if device_type in ("cuda", "xpu"):
+        mod = torch.cuda if device_type == "cuda" else torch.xpu
+        start, end = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _time_repeated(fn: Callable[[], Any], device_type: str, min_seconds: float, max_calls: int = 1000) -> float:
+    """Median seconds per call: one warm-up, then calls in batches until min_seconds pass."""
+    fn()
+    _sync(device_type)
+    first = _time_once(fn, device_type)
+    calls = max(1, min(max_calls, int(min_seconds / max(first, 1e-9))))
+    per_batch = max(1, calls // 5)
+    samples = [first]
+    spent = first
+    while spent < min_seconds and len(samples) < 50:
+        t = _time_once(lambda: [fn() for _ in range(per_batch)], device_type)
+        samples.append(t / per_batch)
+        spent += t
+    return statistics.median(samples)
+
+
+# --------------------------------------------------------------------------------------------
+# Matmul and memory
+# --------------------------------------------------------------------------------------------
+
+
+def _matmul_plan(device_type: str, quick: bool) -> list[tuple[str, tuple[int, int, int]]]:
+    square = SQUARE_QUICK if quick else SQUARE_FULL
+    skinny = SKINNY_QUICK if quick else SKINNY_FULL
+    shapes = [(d, d, d) for d in square] + list(skinny)
+    if device_type == "cpu":
+        return [("fp32", s) for s in shapes] + [("bf16", CPU_LOW_PRECISION_SHAPE)]
+    return [(p, s) for p in ("bf16", "fp32") for s in shapes]
+
+
+def _measure_matmul(device_type: str, threads: int, quick: bool, bar: "_Progress") -> list[dict[str, Any]]:
+    import torch
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    plan = _matmul_plan(device_type, quick)
+    task = bar.add("matmul", len(plan))
+    old_threads = torch.get_num_threads()
+    if device_type == "cpu":
+        torch.set_num_threads(threads)
+    out = []
+    try:
+        for precision, (m, n, k) in plan:
+            bar.describe(task, f"matmul {precision} {m}x{n}x{k}")
+            a = torch.randn(m, k, device=device_type, dtype=dtypes[precision])
+            b = torch.randn(k, n, device=device_type, dtype=dtypes[precision])
+            c = torch.empty(m, n, device=device_type, dtype=dtypes[precision])
+            min_s = MATMUL_MIN_SECONDS[quick] if not (device_type == "cpu" and precision != "fp32") else 0.0
+            seconds = _time_repeated(lambda: torch.matmul(a, b, out=c), device_type, min_s)
+            flops = 2.0 * m * n * k
+            out.append({"precision": precision, "m": m, "n": n, "k": k, "d": round((m * n * k) ** (1 / 3), 3),
+                        "seconds": seconds, "tflops": flops / seconds / 1e12})
+            bar.advance(task)
+    finally:
+        torch.set_num_threads(old_threads)
+    return out
+
+
+def _measure_memory(device_type: str, ranks: int, quick: bool, bar: "_Progress") -> dict[str, Any]:
+    """Copy bandwidth: bytes read plus bytes written per second."""
+    import torch
+
+    task = bar.add("memory", 1)
+    nbytes = (256 << 20) if (quick or device_type == "cpu") else (1 << 30)
+    src = torch.ones(nbytes // 4, device=device_type, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    seconds = _time_repeated(lambda: dst.copy_(src), device_type, 0.3 if quick else 1.0, max_calls=50)
+    gbps = 2 * nbytes / seconds / 1e9
+    shared = device_type == "cpu"
+    bar.advance(task)
+    return {
+        "bytes": nbytes,
+        "seconds": seconds,
+        "measured_gbps": gbps,
+        "threads": torch.get_num_threads() if shared else None,
+        "shared_by_ranks": ranks if shared else 1,
+        "gbps_per_device": gbps / ranks if shared else gbps,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives
+# --------------------------------------------------------------------------------------------
+
+
+def _launched() -> dict[str, Any] | None:
+    """This process's place in a launcher's job (torchrun, srun, mpiexec), or None."""
+    env = os.environ
+    candidates = (
+        ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+        ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+        ("pals", "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE"),
+        ("mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+        ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    )
+    for name, r, w, lr, lw in candidates:
+        if r in env and w in env and int(env[w]) > 1:
+            try:
+                local_world = int(env.get(lw, "").split("(")[0])
+            except ValueError:
+                local_world = None
+            return {"launcher": name, "rank": int(env[r]), "world_size": int(env[w]),
+                    "local_rank": int(env.get(lr, 0)), "local_world_size": local_world}
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _elements(kind: str, nbytes: int, n: int) -> int:
+    """fp32 elements of the full buffer: at least one per rank, a multiple of n for rs/ag."""
+    elems = max(1, round(nbytes / 4))
+    if kind in ("reduce_scatter", "all_gather"):
+        elems = max(n, -(-elems // n) * n)
+    return elems
+
+
+def _run_collectives(rank: int, world: int, device, device_type: str, sizes, quick: bool,
+                     report: Callable[[str], None], peer: int = 1) -> dict[str, Any]:
+    """Every rank runs this; returns {kind: {"n", "bytes", "times_s"}}: per repeat the slowest
+    rank's time (each repeat starts after a barrier), then the median over repeats. The
+    point-to-point ping-pong runs between rank 0 and `peer` (the first rank of the second
+    node in a multi-node job, so that it crosses the network)."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # *_tensor collectives: renamed, not removed
+
+    def barrier():
+        if device_type == "cpu":
+            dist.barrier()
+        else:
+            dist.barrier(device_ids=[device.index]) if device.index is not None else dist.barrier()
+
+    out: dict[str, Any] = {}
+    for kind in KINDS:
+        series = {"n": world if kind != "p2p" else 2, "bytes": [], "times_s": []}
+        for nbytes in sizes:
+            elems = _elements(kind, nbytes, world)
+            full = torch.ones(elems, device=device, dtype=torch.float32)
+            part = torch.empty(elems // world if kind in ("reduce_scatter", "all_gather") else 1,
+                               device=device, dtype=torch.float32)
+            if kind == "allreduce":
+                op = lambda: dist.all_reduce(full)  # noqa: E731
+            elif kind == "reduce_scatter":
+                op = lambda: dist.reduce_scatter_tensor(part, full)  # noqa: E731
+            elif kind == "all_gather":
+                op = lambda: dist.all_gather_into_tensor(full, part.fill_(1.0))  # noqa: E731
+            else:
+                def op():
+                    if rank == 0:
+                        dist.send(full, peer)
+                        dist.recv(full, peer)
+                    elif rank == peer:
+                        dist.recv(full, 0)
+                        dist.send(full, 0)
+            times = []
+            for i in range(_repeats(nbytes, quick) + 1):  # the first is a warm-up
+                barrier()
+                _sync(device_type)
+                t0 = time.perf_counter()
+                op()
+                _sync(device_type)
+                t = time.perf_counter() - t0
+                if i:
+                    times.append(t / 2 if kind == "p2p" else t)
+            # The slowest rank per repeat (p2p: ranks 0 and 1 only).
+            tt = torch.tensor(times, dtype=torch.float64, device=device if device_type != "cpu" else "cpu")
+            if kind == "p2p" and rank not in (0, peer):
+                tt.zero_()
+            dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+            series["bytes"].append(elems * 4)
+            series["times_s"].append(statistics.median(tt.cpu().tolist()))
+            del full, part
+            report(f"{kind} {_human(nbytes)}")
+        out[kind] = series
+    return out
+
+
+def _rank_device(device_type: str, local_rank: int):
+    import torch
+
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if device_type == "xpu":
+        torch.xpu.set_device(local_rank)
+        return torch.device("xpu", local_rank)
+    return torch.device("cpu")
+
+
+def _spawned_rank(rank: int, world: int, port: int, threads: int, sizes, quick: bool, messages, timeout_s: float) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        device_type, backend = _device_and_backend()
+        if device_type == "cpu":
+            torch.set_num_threads(threads)
+        device = _rank_device(device_type, rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        report = (lambda text: messages.put(("step", text))) if rank == 0 else (lambda text: None)
+        result = _run_collectives(rank, world, device, device_type, sizes, quick, report)
+        if rank == 0:
+            messages.put(("done", result))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
+        import traceback
+
+        messages.put(("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def _collectives_spawned(ranks: int, threads: int, sizes, quick: bool, bar: "_Progress", timeout_s: float) -> dict:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    messages = ctx.Queue()
+    port = _free_port()
+    task = bar.add("collectives", len(KINDS) * len(sizes))
+    procs = [ctx.Process(target=_spawned_rank, args=(r, ranks, port, threads, tuple(sizes), quick, messages, timeout_s),
+                         daemon=True) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    result = None
+    try:
+        while result is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"collective measurements took longer than {timeout_s:.0f} s")
+            try:
+                what, payload = messages.get(timeout=0.5)
+            except _queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a measuring rank exited with code {dead[0].exitcode}")
+                continue
+            if what == "step":
+                bar.describe(task, f"collectives: {payload}")
+                bar.advance(task)
+            elif what == "error":
+                raise RuntimeError(f"collective measurement failed on {payload}")
+            else:
+                result = payload
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+    return result
+
+
+def _collectives_under_launcher(launched: dict, sizes, quick: bool, bar: "_Progress") -> dict:
+    """One rank of a launched job (torchrun, srun, mpiexec): the job's own process group."""
+    import torch.distributed as dist
+
+    device_type, backend = _device_and_backend()
+    device = _rank_device(device_type, launched["local_rank"])
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    started_here = not dist.is_initialized()
+    if started_here:
+        dist.init_process_group(backend, rank=launched["rank"], world_size=launched["world_size"])
+    task = bar.add("collectives", len(KINDS) * len(sizes))
+
+    def report(text: str) -> None:
+        bar.describe(task, f"collectives: {text}")
+        bar.advance(task)
+
+    try:
+        ranks_per_node = launched["local_world_size"] or 1
+        peer = ranks_per_node if launched["world_size"] > ranks_per_node else 1  # across nodes when there are two
+        return _run_collectives(launched["rank"], launched["world_size"], device, device_type, sizes, quick, report, peer)
+    finally:
+        if started_here:
+            dist.destroy_process_group()
+
+
+def _human(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.4g} {unit}"
+        nbytes /= 1024
+    return str(nbytes)
+
+
+class _Progress:
+    """A rich progress bar (or nothing when disabled), one task per part."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._p = None
+
+    def __enter__(self) -> "_Progress":
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
+                               TimeElapsedColumn(), transient=False)
+            self._p.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._p is not None:
+            self._p.__exit__(*exc)
+
+    def add(self, name: str, total: int):
+        return self._p.add_task(name, total=total) if self._p is not None else None
+
+    def describe(self, task, text: str) -> None:
+        if self._p is not None:
+            self._p.update(task, description=text)
+
+    def advance(self, task) -> None:
+        if self._p is not None:
+            self._p.advance(task)
+
+
