@@ -88,7 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="compare predictions with published training runs",
                        description="Predict every published run in calibration-runs.md and print predicted vs published "
                                    "with the error, its median and max, and leave-one-out errors.")
-    v.add_argument("--published", action="store_true", required=True, help="check against the published runs")
+    which = v.add_mutually_exclusive_group(required=True)
+    which.add_argument("--published", action="store_true", help="check against the published runs")
+    which.add_argument("--local", action="store_true",
+                       help="run at least 10 layouts on this machine through `exaplan run` and compare measured with predicted "
+                            "(CSV, JSON, PNG in --out)")
+    v.add_argument("--model", default="protein-small", help="with --local: the model (default protein-small)")
+    v.add_argument("--machine", default="local", help="with --local: the machine model to predict with (default local)")
+    v.add_argument("--ranks", type=int, default=2, help="with --local: ranks (default 2)")
+    v.add_argument("--steps", type=int, default=8, help="with --local: steps per layout (default 8)")
+    v.add_argument("--out", default="runs/validate-local", help="with --local: output folder")
     v.add_argument("--refit", action="store_true", help="refit the per-device-kind and per-framework figures and save them in machine_models/device_kinds.yaml")
     v.add_argument("--loo", action="store_true", help="also leave-one-out errors: refit without each run and predict it (about a minute)")
     v.add_argument("--json", action="store_true")
@@ -322,6 +331,12 @@ def cmd_schema(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    if args.local:
+        from runtime.validate_local import main as local_main
+
+        argv = ["--model", args.model, "--machine", args.machine, "--ranks", str(args.ranks), "--steps", str(args.steps),
+                "--out", args.out] + (["--json"] if args.json else [])
+        return local_main(argv)
     from planner import validate
 
     console = _console(args)
@@ -440,10 +455,7 @@ def cmd_calibrate(args) -> int:
     out = Path(args.output) if args.output else PRESET_DIR / "local.yaml"
     base = load_machine(args.base) if args.base else detect_local_machine(args.ranks)
     if args.from_runs:
-        from runtime.validate_local import refit_from_runs
-
-        machine = refit_from_runs([Path(d) for d in args.from_runs], base)
-        write_calibration(machine, {"from_runs": [str(d) for d in args.from_runs]}, out)
+        return _calibrate_from_runs(args, base, out)
     else:
         from machine_models.measure import measure
 
@@ -460,6 +472,39 @@ def cmd_calibrate(args) -> int:
                   f"{m.matmul_efficiency.peak_fraction:.2f} (half at d = {m.matmul_efficiency.half_dim:.0f}); memory "
                   f"{m.memory_bandwidth_gbps:.1f} GB/s; collectives alpha {m.intra_node_latency_us:.0f} us, "
                   f"beta {m.intra_node_bandwidth_gbps:.2f} GB/s per rank")
+    return 0
+
+
+def _calibrate_from_runs(args, base, out) -> int:
+    """Refit the efficiency figures from `exaplan run` folders; show the step-time error on
+    held-out runs (every other one) before and after, then write the model fitted on all."""
+    import yaml
+    from pathlib import Path
+
+    from machine_models.fit_local import _atomic_write
+    from runtime.validate_local import holdout_report, refit_from_runs
+
+    dirs = [Path(d) for d in args.from_runs]
+    for d in dirs:
+        if not (d / "summary.json").exists() or not (d / "plan.yaml").exists():
+            raise PlanError(f"{d}: not a finished `exaplan run` folder (needs summary.json and plan.yaml)", field="--from-runs")
+    report = holdout_report(dirs, base) if len(dirs) >= 4 else None
+    machine = refit_from_runs(dirs, base)
+    header = f"# Refitted by: exaplan {' '.join(sys.argv[1:])}\n# from {len(dirs)} runs: {', '.join(d.name for d in dirs)}\n"
+    _atomic_write(out, header + yaml.safe_dump(machine.model_dump(mode="json"), sort_keys=False))
+    summary = None if report is None else {k: report[k] for k in ("median_abs_test_before", "median_abs_test_after",
+                                                                  "median_abs_train_before", "median_abs_train_after",
+                                                                  "figures_before", "figures_after", "train", "test")}
+    if args.json:
+        print(json.dumps(dict(output=str(out), holdout=summary, machine=machine.model_dump(mode="json")), indent=2))
+        return 0
+    console = _console(args)
+    if summary:
+        console.print(f"held-out runs ({', '.join(summary['test'])}): median |step-time error| "
+                      f"{summary['median_abs_test_before']:.1%} before, {summary['median_abs_test_after']:.1%} after "
+                      f"refitting on {', '.join(summary['train'])}")
+        console.print("figures: " + ", ".join(f"{k} {summary['figures_before'][k]:.3g} -> {v:.3g}" for k, v in summary["figures_after"].items()))
+    console.print(f"wrote {out} (fitted on all {len(dirs)} runs)")
     return 0
 
 

@@ -117,6 +117,12 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
 
     if not args.resume and rank == 0:
         (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run starts a fresh log
+    if rank == 0:  # the run folder keeps its plan, so `exaplan calibrate --from-runs` can refit from it
+        import shutil
+
+        out.mkdir(parents=True, exist_ok=True)
+        if Path(args.plan).resolve() != (out / "plan.yaml").resolve():
+            shutil.copyfile(args.plan, out / "plan.yaml")
     writer = metrics.MetricsWriter(out, plan, enabled=rank == 0, device=device)
     if args.io_mode == "io-only":
         result = data.measure_io(loader, args.steps * gas)

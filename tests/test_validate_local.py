@@ -1,0 +1,133 @@
+"""`exaplan validate --local` (runtime/validate_local.py): layouts, statistics, the refit, and
+one small end-to-end run through the real `exaplan run` path."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from machine_models import detect_local_machine
+from runtime import validate_local as vl
+
+
+def test_default_layouts_cover_the_kinds():
+    lays = vl.default_layouts(2)
+    assert len(lays) >= 10
+    assert len({l["name"] for l in lays}) == len(lays)
+    joined = [" ".join(l["args"]) for l in lays]
+    for needle in ("--shard fsdp ", "--shard fsdp-grad-op", "--shard zero1", "--tp 2", "--sp", "--no-sp",
+                   "--schedule 1f1b", "--schedule gpipe", "--recompute full", "--mbs 1"):
+        assert any(needle in j + " " for j in joined), needle
+    assert sorted(l["ddp_bucket_mb"] for l in lays if "ddp_bucket_mb" in l) == [25.0, 400.0]
+    assert not any("hsdp" in j for j in joined)
+    assert any("--shard hsdp" in " ".join(l["args"]) for l in vl.default_layouts(4))
+    with pytest.raises(vl.PlanError):
+        vl.default_layouts(3)
+
+
+def test_every_default_layout_plans(tmp_path):
+    machine = detect_local_machine(2)
+    for lay in vl.default_layouts(2, seq_len=32):
+        plan = vl.write_layout_plan("protein-tiny", machine, 2, lay, tmp_path / lay["name"] / "plan.yaml")
+        assert plan.world_size == 2
+        if "ddp_bucket_mb" in lay:
+            assert plan.sharding.ddp_bucket_mb == lay["ddp_bucket_mb"]
+        # Re-predicting from the plan gives the plan's own prediction.
+        assert vl.predict(plan)["step_time_s"] == pytest.approx(plan.prediction.step_time_s, rel=1e-9)
+
+
+def test_spearman_and_first_choice_on_synthetic_numbers():
+    assert vl.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert vl.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert vl.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert math.isnan(vl.spearman([1, 2], [1, 2]))
+    fc = vl.first_choice(["a", "b", "c"], [1.0, 2.0, 3.0], [1.2, 1.0, 2.0])
+    assert fc["first_choice"] == "a" and fc["fastest"] == "b" and not fc["first_choice_is_fastest"]
+    assert fc["first_choice_miss"] == pytest.approx(0.2)
+    fc = vl.first_choice(["a", "b"], [1.0, 2.0], [1.0, 3.0])
+    assert fc["first_choice_is_fastest"] and fc["first_choice_miss"] == 0.0
+
+
+def test_summarise_targets():
+    rows = [dict(name=n, status="ok", predicted_step_time_s=p, measured_step_time_s=m, step_time_error=m / p - 1,
+                 memory_error=0.05, memory_error_raw=0.3) for n, p, m in
+            [("a", 1.0, 1.05), ("b", 2.0, 1.9), ("c", 3.0, 3.3), ("d", 4.0, 4.0)]]
+    rows.append(dict(name="x", status="run failed (1)"))
+    s = vl.summarise(rows)
+    assert s["median_abs_step_error"] == pytest.approx(0.05)
+    assert s["max_abs_step_error"] == pytest.approx(0.1)
+    assert s["spearman"] == pytest.approx(1.0)
+    assert s["targets"]["median_abs_step_error"]["met"] and s["targets"]["spearman"]["met"]
+    assert s["targets"]["median_abs_memory_error"]["met"]
+    assert s["median_abs_memory_error_raw"] == pytest.approx(0.3)
+
+
+def _synthetic_runs(tmp_path: Path, base, truth, names=None) -> list[Path]:
+    """Run directories whose measured step time is what the `truth` machine predicts."""
+    dirs = []
+    for lay in vl.default_layouts(2, seq_len=32):
+        if names and lay["name"] not in names:
+            continue
+        d = tmp_path / lay["name"]
+        plan = vl.write_layout_plan("protein-tiny", base, 2, lay, d / "plan.yaml")
+        true = vl.predict(plan, truth)
+        (d / "summary.json").write_text(json.dumps(dict(measured_step_time_s=true["step_time_s"],
+                                                        predicted_step_time_s=plan.prediction.step_time_s,
+                                                        peak_memory_gib=1.0, predicted_memory_gib=1.0)))
+        dirs.append(d)
+    return dirs
+
+
+def test_refit_recovers_known_figures(tmp_path):
+    base = detect_local_machine(2)
+    truth = vl.with_figures(base, dict(peak_fraction=0.4, step_overhead_s=0.05))
+    dirs = _synthetic_runs(tmp_path, base, truth)
+    fitted = vl.refit_from_runs(dirs, base, figures=("peak_fraction", "step_overhead_s"))
+    assert fitted.calibrated
+    assert fitted.matmul_efficiency.peak_fraction == pytest.approx(0.4, rel=0.05)
+    assert fitted.step_overhead_s == pytest.approx(0.05, rel=0.1, abs=0.005)
+
+
+def test_holdout_report_reduces_error(tmp_path):
+    base = detect_local_machine(2)
+    truth = vl.with_figures(base, dict(peak_fraction=0.5, step_overhead_s=0.03, overlap_dp=0.6))
+    dirs = _synthetic_runs(tmp_path, base, truth)
+    rep = vl.holdout_report(dirs, base)
+    assert set(rep["train"]).isdisjoint(rep["test"]) and len(rep["test"]) >= 4
+    assert rep["median_abs_test_after"] < rep["median_abs_test_before"] / 3
+    assert rep["median_abs_test_after"] < 0.05
+
+
+def test_run_local_validation_end_to_end(tmp_path):
+    pytest.importorskip("torch")
+    lays = [l for l in vl.default_layouts(2, seq_len=32) if l["name"] in ("ddp-b25", "fsdp")]
+    rep = vl.run_local_validation("protein-tiny", 2, tmp_path, steps=3, layouts=lays, progress=False)
+    assert [r["status"] for r in rep.rows] == ["ok", "ok"], rep.rows
+    for name in ("validation.csv", "validation.json", "validation.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    with open(tmp_path / "validation.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == vl.CSV_COLUMNS and [r["name"] for r in rows] == ["ddp-b25", "fsdp"]
+    data = json.loads((tmp_path / "validation.json").read_text())
+    for key in ("median_abs_step_error", "max_abs_step_error", "first_choice", "targets", "rows", "baseline_rss_gib"):
+        assert key in data
+    for r in rep.rows:
+        assert r["measured_step_time_s"] > 0 and r["predicted_step_time_s"] > 0
+        assert r["measured_memory_gib"] > 0
+        assert (Path(r["run_dir"]) / "plan.yaml").exists() and (Path(r["run_dir"]) / "summary.json").exists()
+        assert not (Path(r["run_dir"]) / "checkpoints").exists()
+    # The run directories feed the refit.
+    runs = vl.load_runs([Path(r["run_dir"]) for r in rep.rows])
+    assert len(runs) == 2
+    # ... and `exaplan calibrate --from-runs` writes a refitted machine that plans.
+    from planner.cli import main as cli
+
+    out = tmp_path / "refit.yaml"
+    assert cli(["calibrate", "--from-runs", *[r["run_dir"] for r in rep.rows], "-o", str(out)]) == 0
+    assert cli(["plan", "--model", "protein-tiny", "--machine", str(out), "--global-batch", "4", "--no-write"]) == 0
+    assert cli(["calibrate", "--from-runs", str(tmp_path), "-o", str(tmp_path / "no.yaml")]) == 2
+    assert not (tmp_path / "no.yaml").exists()
