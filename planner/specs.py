@@ -146,6 +146,10 @@ class MachineModel(Spec):
     algorithms: list[Algorithm] = Field(description="Allreduce algorithms the library can be told to use.")
     nodes: PosInt = Field(description="Nodes in the whole system.")
     overlap: Overlap = Field(default_factory=Overlap)
+    op_overhead_us: float = Field(
+        0.0, ge=0, description="Framework cost of launching one operator (Python dispatch, autograd, kernel launch), "
+                               "microseconds; matters for small models and CPUs."
+    )
     step_overhead_s: float = Field(
         0.0, ge=0, description="Fixed cost of every optimizer step in the training framework (launches, clipping, loss sync), s."
     )

@@ -61,7 +61,7 @@ CSV_COLUMNS = [
     "predicted_pp_s", "predicted_bubble_s", "predicted_optimizer_s", "run_dir",
 ]
 # Figures `refit_from_runs` can fit: name -> (getter, setter, lower, upper).
-FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "overlap_dp", "step_overhead_s")
+FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "overlap_dp", "step_overhead_s", "op_overhead_us")
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,12 +510,13 @@ def _get(machine, fig: str) -> float:
             "half_dim": lambda: machine.matmul_efficiency.half_dim,
             "overlap_dp": lambda: machine.overlap.dp,
             "step_overhead_s": lambda: machine.step_overhead_s,
+            "op_overhead_us": lambda: machine.op_overhead_us,
             "memory_bandwidth_gbps": lambda: machine.memory_bandwidth_gbps,
             "attention_efficiency_factor": lambda: machine.attention_efficiency_factor}[fig]()
 
 
 BOUNDS = {"peak_fraction": (0.02, 1.0), "half_dim": (0.0, 4096.0), "overlap_dp": (0.0, 1.0),
-          "step_overhead_s": (0.0, 2.0), "memory_bandwidth_gbps": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
+          "step_overhead_s": (0.0, 2.0), "op_overhead_us": (0.0, 500.0), "memory_bandwidth_gbps": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
 
 
 def with_figures(machine, figures: dict[str, float]):
@@ -532,6 +533,8 @@ def with_figures(machine, figures: dict[str, float]):
             ov.dp = min(max(v, 0.0), 1.0)
         elif k == "step_overhead_s":
             m.step_overhead_s = max(v, 0.0)
+        elif k == "op_overhead_us":
+            m.op_overhead_us = max(v, 0.0)
         elif k == "memory_bandwidth_gbps":
             m.memory_bandwidth_gbps = v
         elif k == "attention_efficiency_factor":

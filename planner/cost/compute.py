@@ -98,3 +98,22 @@ def head_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: La
     gemm = gemm_time(machine, job, T, model.vocab_size / lay.tp, model.hidden)
     softmax_bytes = 4 * 4 * T * model.vocab_size / lay.tp  # fp32 logits: write, read, write, read
     return 3.0 * gemm + 2.0 * softmax_bytes / (machine.memory_bandwidth_gbps * 1e9)
+
+
+# Operators one block launches for one micro-batch: forward (two norms of ~6 ops, three QKV
+# projections, RoPE ~8, attention, output projection, two residual adds, three MLP
+# projections, activation and product) ~32; backward about twice that. Full recompute runs
+# the forward again, selective the attention alone. The head (norm, projection, loss) ~10
+# forward. AdamW without foreach: ~12 ops per parameter tensor.
+BLOCK_FORWARD_OPS = 32
+HEAD_FORWARD_OPS = 10
+OPTIMIZER_OPS_PER_TENSOR = 12
+TENSORS_PER_BLOCK = 9
+
+
+def framework_overhead_s(machine: MachineModel, blocks, recompute) -> np.ndarray:
+    """Per micro-batch: op_overhead_us for every operator the blocks and the head launch in
+    forward, backward and recompute."""
+    rc = np.asarray(recompute)
+    per_block = 3 * BLOCK_FORWARD_OPS + np.where(rc == RC_FULL, BLOCK_FORWARD_OPS, np.where(rc == RC_SELECTIVE, 1, 0))
+    return machine.op_overhead_us * 1e-6 * (blocks * per_block + 3 * HEAD_FORWARD_OPS)

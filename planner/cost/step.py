@@ -169,7 +169,8 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     pp_bytes = np.where(u.sp == 1, M_act / t, M_act)
     pp_mb = np.where(u.pp > 1, 2 * v * comm.point_to_point(pp_bytes, pl_pp.alpha_s, pl_pp.beta_Bps) * (1 - ov.pp), 0.0)
     act_per_mb, act_fixed = activation_bytes(model, machine, job, u)
-    return UnitCosts(load * v * fb_layer, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed)
+    compute_mb = load * v * fb_layer + compute.framework_overhead_s(machine, blocks_on_rank, u.recompute)
+    return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,7 +252,8 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     # AdamW reads and writes its shard (fp32 weights, gradients, two moments, the 16-bit
     # copy), plus the framework's fixed cost per step.
     optimizer_s = opt_params * (30.0 if job.precision != Precision.fp32 else 28.0) / (machine.memory_bandwidth_gbps * 1e9)
-    optimizer_s = optimizer_s + machine.step_overhead_s
+    tensors = n_blocks * compute.TENSORS_PER_BLOCK + 3
+    optimizer_s = optimizer_s + machine.step_overhead_s + machine.op_overhead_us * 1e-6 * compute.OPTIMIZER_OPS_PER_TENSOR * tensors
     return MeshCosts(
         F_total, F_floor, K_total, K_floor,
         F_per_mb=fsdp, K_per_mb=fsdp | (s == SH_ZERO2),
