@@ -330,26 +330,6 @@ def cmd_schema(args) -> int:
     return 0
 
 
-def cmd_validate(args) -> int:
-    if args.local:
-        from runtime.validate_local import main as local_main
-
-        argv = ["--model", args.model, "--machine", args.machine, "--ranks", str(args.ranks), "--steps", str(args.steps),
-                "--out", args.out] + (["--json"] if args.json else [])
-        return local_main(argv)
-    from planner import validate
-
-    console = _console(args)
-    if args.json or not (args.refit or args.loo):
-        rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
-    else:
-        with console.status("fitting the figures" + (" and leave-one-out refits (about a minute)" if args.loo else "") + " ..."):
-            rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
-    if args.json:
-        print(json.dumps(validate.published_json(rows), indent=2))
-        return 0
-    validate.render_published(rows, console)
-    return 0
 
 
 def cmd_capacity(args) -> int:
@@ -444,70 +424,6 @@ def cmd_data(args) -> int:
     return data_main(args.rest)
 
 
-def cmd_calibrate(args) -> int:
-    from pathlib import Path
-
-    from machine_models import PRESET_DIR, detect_local_machine, load_machine
-    from machine_models.fit_local import fit, write_calibration
-
-    if args.ranks <= 0:
-        raise PlanError("must be a positive number of ranks", field="ranks")
-    out = Path(args.output) if args.output else PRESET_DIR / "local.yaml"
-    base = load_machine(args.base) if args.base else detect_local_machine(args.ranks)
-    if args.from_runs:
-        return _calibrate_from_runs(args, base, out)
-    else:
-        from machine_models.measure import measure
-
-        meas = measure(args.ranks, quick=args.quick, progress=not args.json)
-        machine = fit(meas, base)
-        write_calibration(machine, meas, out)
-    if args.json:
-        print(json.dumps(dict(output=str(out), machine=machine.model_dump(mode="json")), indent=2))
-        return 0
-    console = _console(args)
-    m = machine
-    console.print(f"wrote {out} (raw measurements beside it)")
-    console.print(f"matmul: peak {m.peak_tflops[next(iter(m.peak_tflops))] * 1e3:.1f} GFLOP/s x efficiency "
-                  f"{m.matmul_efficiency.peak_fraction:.2f} (half at d = {m.matmul_efficiency.half_dim:.0f}); memory "
-                  f"{m.memory_bandwidth_gbps:.1f} GB/s; collectives alpha {m.intra_node_latency_us:.0f} us, "
-                  f"beta {m.intra_node_bandwidth_gbps:.2f} GB/s per rank")
-    return 0
-
-
-def _calibrate_from_runs(args, base, out) -> int:
-    """Refit the efficiency figures from `exaplan run` folders; show the step-time error on
-    held-out runs (every other one) before and after, then write the model fitted on all."""
-    import yaml
-    from pathlib import Path
-
-    from machine_models.fit_local import _atomic_write
-    from runtime.validate_local import holdout_report, refit_from_runs
-
-    dirs = [Path(d) for d in args.from_runs]
-    for d in dirs:
-        if not (d / "summary.json").exists() or not (d / "plan.yaml").exists():
-            raise PlanError(f"{d}: not a finished `exaplan run` folder (needs summary.json and plan.yaml)", field="--from-runs")
-    report = holdout_report(dirs, base) if len(dirs) >= 4 else None
-    machine = refit_from_runs(dirs, base)
-    header = f"# Refitted by: exaplan {' '.join(sys.argv[1:])}\n# from {len(dirs)} runs: {', '.join(d.name for d in dirs)}\n"
-    _atomic_write(out, header + yaml.safe_dump(machine.model_dump(mode="json"), sort_keys=False))
-    summary = None if report is None else {k: report[k] for k in ("median_abs_test_before", "median_abs_test_after",
-                                                                  "median_abs_train_before", "median_abs_train_after",
-                                                                  "figures_before", "figures_after", "train", "test")}
-    if args.json:
-        print(json.dumps(dict(output=str(out), holdout=summary, machine=machine.model_dump(mode="json")), indent=2))
-        return 0
-    console = _console(args)
-    if summary:
-        console.print(f"held-out runs ({', '.join(summary['test'])}): median |step-time error| "
-                      f"{summary['median_abs_test_before']:.1%} before, {summary['median_abs_test_after']:.1%} after "
-                      f"refitting on {', '.join(summary['train'])}")
-        console.print("figures: " + ", ".join(f"{k} {summary['figures_before'][k]:.3g} -> {v:.3g}" for k, v in summary["figures_after"].items()))
-    console.print(f"wrote {out} (fitted on all {len(dirs)} runs)")
-    return 0
-
-
 def cmd_list(args) -> int:
     from machine_models import list_machines
     from planner.cost.flops import total_params
@@ -523,6 +439,8 @@ def cmd_list(args) -> int:
         console.print(f"machine {name}")
     return 0
 
+
+from planner.cli_machines import cmd_calibrate, cmd_validate  # noqa: E402
 
 COMMANDS = {"plan": cmd_plan, "estimate": cmd_estimate, "explain": cmd_explain, "schema": cmd_schema,
             "validate": cmd_validate, "capacity": cmd_capacity, "calibrate": cmd_calibrate, "run": cmd_run, "data": cmd_data, "list": cmd_list}
