@@ -311,31 +311,15 @@ def _measure_memory(device_type: str, ranks: int, quick: bool, bar: "_Progress")
 
 
 def _launched() -> dict[str, Any] | None:
-    """This process's place in a launcher's job (torchrun, srun, mpiexec), or None."""
-    env = os.environ
-    candidates = (
-        ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-        ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
-        ("pals", "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE"),
-        ("mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-        ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-         "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    )
-    for name, r, w, lr, lw in candidates:
-        if r in env and w in env and int(env[w]) > 1:
-            try:
-                local_world = int(env.get(lw, "").split("(")[0])
-            except ValueError:
-                local_world = None
-            return {"launcher": name, "rank": int(env[r]), "world_size": int(env[w]),
-                    "local_rank": int(env.get(lr, 0)), "local_world_size": local_world}
-    return None
+    """This process's place in a multi-process launcher's job (torchrun, srun, mpiexec, ...),
+    read by the runtime's own launcher detection; None when not launched or alone."""
+    from runtime.launch import detect
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    env = detect()
+    if env is None or env.world_size <= 1:
+        return None
+    return {"launcher": env.launcher, "rank": env.rank, "world_size": env.world_size,
+            "local_rank": env.local_rank, "local_world_size": env.local_world_size}
 
 
 def _elements(kind: str, nbytes: int, n: int) -> int:
@@ -452,7 +436,9 @@ def _collectives_spawned(ranks: int, threads: int, sizes, quick: bool, bar: "_Pr
 
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
-    port = _free_port()
+    from runtime.launch import free_port
+
+    port = free_port()
     task = bar.add("collectives", len(KINDS) * len(sizes))
     procs = [ctx.Process(target=_spawned_rank, args=(r, ranks, port, threads, tuple(sizes), quick, messages, timeout_s),
                          daemon=True) for r in range(ranks)]
