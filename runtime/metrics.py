@@ -169,10 +169,11 @@ class MetricsWriter:
         self._file.flush()
 
     def log_step(self, step: int, loss, tokens: float, step_time_s: float, peak_memory_bytes: int,
-                 lr: float | None = None, grad_norm=None) -> dict[str, Any]:
+                 lr: float | None = None, grad_norm=None, phases: dict[str, float] | None = None) -> dict[str, Any]:
         """One optimizer step. `loss`: the global mean loss; `tokens`: tokens processed by all
         ranks in the step (global batch x sequence length); `peak_memory_bytes`: the maximum
-        over ranks (the trainer all-reduces it). Returns the record written."""
+        over ranks (the trainer all-reduces it); `phases`: seconds per part of the step on rank
+        0 (forward_backward_s, clip_s, optimizer_s). Returns the record written."""
         if not self.enabled:
             return {}
         rate = throughput(self.plan, float(tokens), float(step_time_s))
@@ -191,6 +192,7 @@ class MetricsWriter:
             "grad_norm": _num(grad_norm),
             "time": time.time(),
         }
+        record.update({k: float(v) for k, v in (phases or {}).items()})
         self.steps.append(record)
         self._emit(record)
         if self._tb is not None:

@@ -164,16 +164,20 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
                 group["lr"] = lr_at(step, args)
         t0 = time.perf_counter()
         loss = run_step()
+        t1 = time.perf_counter()  # on GPUs the phases are launch times; the step time is synchronised
         grad_norm = clip_grad_norm_(handles, 1.0)
+        t2 = time.perf_counter()
         for opt in optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
         step_time = time.perf_counter() - t0
+        phases = {"forward_backward_s": t1 - t0, "clip_s": t2 - t1, "optimizer_s": t0 + step_time - t2}
         loss = _global_loss(loss, mesh, device)
         peak = _max_over_ranks(metrics.peak_memory_bytes(device), device)
-        writer.log_step(step, loss, plan.job.global_batch * seq, step_time, peak, lr_at(step, args), grad_norm)
+        writer.log_step(step, loss, plan.job.global_batch * seq, step_time, peak, lr_at(step, args), grad_norm,
+                         phases=phases)
         if args.log_samples:
             _log_samples(writer, step, seen, mesh)
         _fault_injection(step, rank)
