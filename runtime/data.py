@@ -457,7 +457,7 @@ def describe(prepared_dir: str | os.PathLike) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`exaplan data prepare|info|sample`: PlanError propagates (the exaplan CLI prints it, exit 2)."""
+    """`exaplan data prepare|info|sample|pairs`: PlanError propagates (the exaplan CLI prints it, exit 2)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="exaplan data", description="Protein FASTA -> token shards for `exaplan run`.")
@@ -475,7 +475,12 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("dir")
     i.add_argument("--json", action="store_true", help="print the manifest")
     sub.add_parser("sample", help="print the path of the shipped UniProt sample FASTA")
+    from runtime import pairs
+
+    pairs.add_parser(sub)       # `exaplan data pairs`: DPO preference pairs (runtime/pairs.py)
     args = ap.parse_args(argv)
+    if args.action == "pairs":
+        return pairs.run_cli(args)
     if args.action == "sample":
         print(sample_fasta_path())
         return 0

@@ -1,0 +1,846 @@
+"""Preference pairs (chosen, rejected) for DPO, from a table of scored sequences or of pairs.
+
+Input: a CSV or TSV file (plain or gzip; the delimiter comes from the extension, .csv or
+.tsv/.tab, else it is sniffed) with a header line. Either
+
+- scored sequences (`sequence_col`, `score_col`; a higher score is preferred): within each
+  split, every sequence is paired with up to `pairs_per_sequence` partners drawn at random
+  (numpy PCG64, `seed`) among the sequences of the same split whose score differs from its
+  own by at least `margin`; the higher-scoring one is `chosen`. Pairs never cross splits.
+  Rows are dropped and counted when the sequence has a letter outside the protein alphabet
+  (planner/vocab.py: A-Z), is empty or longer than `max_len`, the score is missing (empty,
+  NA, NaN), or the sequence was already seen earlier in the file (the first row wins, so a
+  sequence is in one split only and no pair has two identical sequences); or
+- explicit pairs (`chosen_col`, `rejected_col`, optional score columns): taken as they are
+  (no pairing, no margin); a bad letter, an empty sequence, identical chosen and rejected,
+  a chosen score below the rejected score are errors naming the line; pairs longer than
+  `max_len` and repeated pairs are dropped and counted.
+
+Splits: the column `split_col` (default: a column named `set` when there is one) with values
+training/train, validation/valid/val, test (any case); without one, a hash of (seed, sequence)
+puts `val_fraction` of the sequences in validation (the chosen sequence for explicit pairs).
+
+Output directory (written into a temporary directory next to it and renamed into place, so
+on error nothing is left):
+
+    manifest.json    {"format": "exaplan-pairs", "version": 1, "source", "columns", "margin",
+                     "seed", "max_len", "counts", "score_stats", "created_by", ...}
+    train.tsv, validation.tsv, test.tsv
+                     header `chosen<TAB>rejected<TAB>chosen_score<TAB>rejected_score`, one pair
+                     a line, uppercase one-letter sequences, scores empty when unknown; lines in
+                     a seeded random order (the first N lines are a random subset)
+
+Readers: `read_pairs(dir, split)`, `load_manifest(dir)`, `describe(dir)`; for correlating a
+model's likelihood with the measured score: `read_scored_sequences(path, ...)`. Bad input
+raises PlanError (the CLI prints it and exits 2). No torch here.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+import os
+import shlex
+import shutil
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple
+
+import numpy as np
+
+from planner.errors import PlanError
+from runtime.fasta import _HashingRaw, is_gzip
+from runtime.prepare import _fresh_dir, _install, _makedirs, split_of
+
+FORMAT = "exaplan-pairs"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SPLITS = ("train", "validation", "test")
+SPLIT_VALUES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
+                "val": "validation", "test": "test"}
+COLUMNS = ("chosen", "rejected", "chosen_score", "rejected_score")
+HEADER = "\t".join(COLUMNS)
+MISSING_SCORES = frozenset({"", "na", "nan", "n/a", "none", "null"})
+DEFAULT_SEQUENCE_COLS = ("sequence", "seq", "x")
+DEFAULT_SCORE_COLS = ("score", "fitness", "y")
+DEFAULT_SPLIT_COL = "set"
+DROP_REASONS = ("invalid_character", "empty_sequence", "too_long", "missing_score", "duplicate")
+_MAX_EXAMPLES = 5       # dropped rows listed per reason
+
+
+class Pair(NamedTuple):
+    chosen: str
+    rejected: str
+    chosen_score: float | None
+    rejected_score: float | None
+
+
+class ScoredSequences(NamedTuple):
+    sequences: list[str]
+    scores: np.ndarray      # float64, same order
+
+
+def gb1_sample_path() -> Path:
+    """The shipped GB1 sample: 6,000 rows of the Olson et al. 2014 double-mutant scan (from the
+    mavenn 1.1.4 wheel, MIT; see runtime/data/ATTRIBUTION.md). Columns set,dist,input_ct,
+    selected_ct,y,x: x the 55-residue sequence, y the measured fitness (log enrichment)."""
+    path = Path(__file__).resolve().parent / "data" / "gb1_sample.csv.gz"
+    if not path.is_file():
+        raise PlanError(f"shipped sample missing: {path} (package data not installed?)")
+    return path
+
+
+# ----------------------------------------------------------------------------- reading tables
+
+
+class _Table:
+    """One delimited file: `header`, `rows()` -> (line number, fields); afterwards `sha256`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise PlanError(f"{self.path}: no such file", field="input")
+        if os.path.isdir(self.path):
+            raise PlanError(f"{self.path}: is a directory, not a CSV/TSV file", field="input")
+        self.size = os.path.getsize(self.path)
+        if self.size == 0:
+            raise PlanError(f"{self.path}: empty file (no header line)", field="input")
+        try:
+            self.gzip = is_gzip(self.path)
+        except OSError as err:
+            raise PlanError(f"{self.path}: cannot open: {err.strerror or err}", field="input") from None
+        self.sha256 = ""
+        head = self._head()
+        first = head.split("\n", 1)[0].strip("\r")
+        if not first.strip():
+            raise PlanError(f"{self.path}: empty file (no header line)", field="input")
+        self.delimiter = self._delimiter(head)
+        self.header = [c.strip() for c in next(csv.reader([first], delimiter=self.delimiter))]
+
+    def _errors(self, lineno: int):
+        what = "truncated or corrupt gzip data" if self.gzip else "read error"
+        return lambda err: PlanError(f"{self.path}: {what} near line {lineno}: {err}", field="input")
+
+    def _head(self, limit: int = 1 << 16) -> str:
+        try:
+            with open(self.path, "rb") as raw:
+                stream = gzip.GzipFile(fileobj=raw, mode="rb") if self.gzip else raw
+                data = stream.read(limit)
+        except (EOFError, zlib.error, OSError) as err:
+            raise self._errors(1)(err) from None
+        try:
+            return data.decode("utf-8-sig", "strict" if len(data) < limit else "ignore")
+        except UnicodeDecodeError as err:
+            raise PlanError(f"{self.path}: not UTF-8 text ({err.reason} at byte {err.start})", field="input") from None
+
+    def _delimiter(self, head: str) -> str:
+        name = self.path.lower()
+        name = name[:-3] if name.endswith(".gz") else name
+        if name.endswith(".csv"):
+            return ","
+        if name.endswith((".tsv", ".tab")):
+            return "\t"
+        try:
+            return csv.Sniffer().sniff(head, delimiters=",\t;").delimiter
+        except csv.Error:
+            first = head.split("\n", 1)[0]
+            return "\t" if "\t" in first else ","
+
+    def column(self, name: str, option: str) -> int:
+        """Index of column `name` (exact, else case-insensitive); PlanError naming `option`."""
+        if name in self.header:
+            return self.header.index(name)
+        folded = [c.lower() for c in self.header]
+        if name.lower() in folded:
+            return folded.index(name.lower())
+        raise PlanError(f"column {name!r} not found in {self.path}; columns present: "
+                        f"{', '.join(map(repr, self.header))}", field=option)
+
+    def find(self, names: tuple[str, ...]) -> str | None:
+        folded = {c.lower(): c for c in self.header}
+        return next((folded[n] for n in names if n in folded), None)
+
+    def rows(self) -> Iterator[tuple[int, list[str]]]:
+        raw = _HashingRaw(self.path)
+        lineno = 1
+        try:
+            buffered = io.BufferedReader(raw, 1 << 18)
+            stream = gzip.GzipFile(fileobj=buffered, mode="rb") if self.gzip else buffered
+            text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+            reader = csv.reader(text, delimiter=self.delimiter)
+            try:
+                next(reader)            # the header, parsed in __init__
+                for row in reader:
+                    lineno = reader.line_num
+                    if row and (len(row) > 1 or row[0].strip()):
+                        yield lineno, row
+            except csv.Error as err:
+                raise PlanError(f"{self.path} line {reader.line_num}: {err}", field="input") from None
+            except UnicodeDecodeError as err:
+                raise PlanError(f"{self.path} near line {lineno + 1}: not UTF-8 text ({err.reason})",
+                                field="input") from None
+            except (EOFError, zlib.error, OSError) as err:
+                raise self._errors(lineno + 1)(err) from None
+            raw.drain()
+            self.sha256 = raw.sha256.hexdigest()
+        finally:
+            raw.close()
+
+
+def _field(row: list[str], i: int, lineno: int, table: _Table) -> str:
+    if i >= len(row):
+        raise PlanError(f"{table.path} line {lineno}: {len(row)} field(s), the header has {len(table.header)} "
+                        f"(delimiter {table.delimiter!r})", field="input")
+    return row[i]
+
+
+def _sequence(value: str) -> tuple[str, str | None, str]:
+    """(normalised sequence, drop reason or None, detail). Upper-cased; one terminal '*' dropped."""
+    seq = value.strip().upper()
+    if seq.endswith("*"):
+        seq = seq[:-1]
+    if not seq:
+        return seq, "empty_sequence", "no residues"
+    if not (seq.isascii() and seq.isalpha()):
+        pos, char = next((i, c) for i, c in enumerate(seq) if not ("A" <= c <= "Z"))
+        return seq, "invalid_character", f"character {char!r} at residue {pos + 1}"
+    return seq, None, ""
+
+
+def _score(value: str, lineno: int, column: str, option: str, table: _Table) -> float | None:
+    text = value.strip()
+    if text.lower() in MISSING_SCORES:
+        return None
+    try:
+        score = float(text)
+    except ValueError:
+        score = math.nan
+    if not math.isfinite(score):
+        raise PlanError(f"{table.path} line {lineno}: score {value!r} in column {column!r} is not a finite number",
+                        field=option)
+    return score
+
+
+class _Splitter:
+    """Split of a row: the split column's value, else the hash rule."""
+
+    def __init__(self, table: _Table, split_col: str | None, val_fraction: float, seed: int):
+        if split_col is None:
+            split_col = table.find((DEFAULT_SPLIT_COL,))
+        elif split_col.lower() == "none":
+            split_col = None
+        self.name = None if split_col is None else table.header[table.column(split_col, "--split-col")]
+        self.index = None if split_col is None else table.column(split_col, "--split-col")
+        self.table, self.val_fraction, self.seed = table, val_fraction, seed
+        self._cache: dict[str, str] = {}
+
+    @property
+    def rule(self) -> str:
+        if self.name is not None:
+            return (f"column {self.name!r}: training/train -> train, validation/valid/val -> validation, "
+                    "test -> test")
+        return ("hash: validation if blake2b-64('{seed}\\0{sequence}') / 2**64 < val_fraction, else train "
+                "(sequence: the chosen one for explicit pairs)")
+
+    def __call__(self, row: list[str], lineno: int, sequence: str) -> str:
+        if self.index is None:
+            return "validation" if split_of(sequence, self.seed, self.val_fraction) == "val" else "train"
+        value = _field(row, self.index, lineno, self.table)
+        split = self._cache.get(value)
+        if split is None:
+            split = SPLIT_VALUES.get(value.strip().lower())
+            if split is not None:
+                self._cache[value] = split
+        if split is None:
+            raise PlanError(f"{self.table.path} line {lineno}: split {value!r} in column {self.name!r} is not one "
+                            "of training/train, validation/valid/val, test", field="--split-col")
+        return split
+
+
+def _check_number(name: str, value, lo: float, *, integer: bool, hi: float | None = None,
+                  hi_open: bool = False) -> Any:
+    ok = isinstance(value, int) and not isinstance(value, bool) if integer else (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+    if ok:
+        ok = value >= lo and (hi is None or (value < hi if hi_open else value <= hi))
+    if not ok:
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}{')' if hi_open else ']'}"
+        raise PlanError(f"must be {'an integer' if integer else 'a number'} {rng}, got {value!r}", field=name)
+    return value
+
+
+class _Drops:
+    def __init__(self):
+        self.counts: Counter[str] = Counter({r: 0 for r in DROP_REASONS})
+        self.per_split: dict[str, Counter[str]] = {s: Counter() for s in SPLITS}
+        self.examples: list[dict[str, Any]] = []
+
+    def add(self, reason: str, split: str, lineno: int, detail: str) -> None:
+        self.counts[reason] += 1
+        self.per_split[split][reason] += 1
+        if self.counts[reason] <= _MAX_EXAMPLES:
+            self.examples.append({"line": lineno, "reason": reason, "detail": detail})
+
+
+def _read_scored(table: _Table, sequence_col: str, score_col: str, splitter: _Splitter,
+                 max_len: int | None) -> tuple[dict[str, tuple[list[str], list[float]]], Counter, _Drops]:
+    si, vi = table.column(sequence_col, "--sequence-col"), table.column(score_col, "--score-col")
+    score_name = table.header[vi]
+    kept: dict[str, tuple[list[str], list[float]]] = {s: ([], []) for s in SPLITS}
+    rows: Counter[str] = Counter({s: 0 for s in SPLITS})
+    drops = _Drops()
+    seen: set[str] = set()
+    need = max(si, vi, splitter.index or 0)
+    for lineno, row in table.rows():
+        if len(row) <= need:
+            _field(row, need, lineno, table)        # raises
+        raw_score = row[vi]
+        try:
+            score = float(raw_score)
+            if score != score:      # NaN: missing
+                score = None
+            elif score in (math.inf, -math.inf):
+                raise ValueError
+        except ValueError:
+            score = _score(raw_score, lineno, score_name, "--score-col", table)
+        seq = row[si].strip().upper()
+        if seq.isalpha() and seq.isascii():     # the usual case, checked fast
+            reason = None
+        else:
+            seq, reason, detail = _sequence(seq)
+        split = splitter(row, lineno, seq)
+        rows[split] += 1
+        if reason is None and max_len is not None and len(seq) > max_len:
+            reason, detail = "too_long", f"{len(seq)} residues > max_len {max_len}"
+        if reason is None and score is None:
+            reason, detail = "missing_score", f"score {_field(row, vi, lineno, table)!r}"
+        if reason is None and seq in seen:
+            reason, detail = "duplicate", "sequence already seen earlier in the file"
+        if reason is not None:
+            drops.add(reason, split, lineno, detail)
+            continue
+        seen.add(seq)
+        kept[split][0].append(seq)
+        kept[split][1].append(score)
+    n = sum(rows.values())
+    if n == 0:
+        raise PlanError(f"{table.path}: no data rows after the header", field="input")
+    if not seen:
+        first = drops.examples[0]
+        reasons = ", ".join(f"{k} {v:,}" for k, v in drops.counts.items() if v)
+        raise PlanError(f"{table.path}: none of its {n:,} rows is usable ({reasons}); first: line {first['line']}: "
+                        f"{first['reason']}: {first['detail']}", field="--sequence-col")
+    return kept, rows, drops
+
+
+# ----------------------------------------------------------------------------- pairing
+
+
+def _pair_split(scores: np.ndarray, margin: float, k: int, rng: np.random.Generator
+                ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Indices (chosen, rejected) of up to k pairs per sequence with score gap >= margin (and
+    > 0), partners drawn uniformly among the qualifying sequences; unordered duplicates removed,
+    order shuffled. Also the count of draws dropped as identical (same index: never, kept for
+    the report's honesty)."""
+    n = len(scores)
+    if n < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+    order = np.argsort(scores, kind="stable")
+    s = scores[order]
+    if margin > 0:
+        lo = np.searchsorted(s, scores - margin, side="right")     # sorted[:lo] <= score - margin
+        hi = np.searchsorted(s, scores + margin, side="left")      # sorted[hi:] >= score + margin
+    else:
+        lo = np.searchsorted(s, scores, side="left")
+        hi = np.searchsorted(s, scores, side="right")
+    valid = lo + (n - hi)
+    anchors = np.flatnonzero(valid > 0)
+    if anchors.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+    r = rng.integers(0, valid[anchors][:, None], size=(anchors.size, k))
+    lo_a, hi_a = lo[anchors][:, None], hi[anchors][:, None]
+    partner = order[np.where(r < lo_a, r, hi_a + (r - lo_a))].ravel()
+    anchor = np.repeat(anchors, k)
+    same = anchor == partner
+    identical = int(same.sum())
+    a, b = anchor[~same], partner[~same]
+    key = np.unique(np.minimum(a, b) * n + np.maximum(a, b))
+    a, b = key // n, key % n
+    swap = scores[a] < scores[b]
+    chosen, rejected = np.where(swap, b, a), np.where(swap, a, b)
+    ok = (scores[chosen] - scores[rejected] >= margin) & (scores[chosen] > scores[rejected])   # float edges
+    chosen, rejected = chosen[ok], rejected[ok]
+    perm = rng.permutation(len(chosen))
+    return chosen[perm], rejected[perm], identical
+
+
+def _stats(values: np.ndarray) -> dict[str, float] | None:
+    if values.size == 0:
+        return None
+    return {"min": float(values.min()), "median": float(np.median(values)), "max": float(values.max()),
+            "mean": float(values.mean())}
+
+
+def _fmt_score(x: float | None) -> str:
+    return "" if x is None else repr(float(x))
+
+
+class _Indexed:
+    """The pairs of one split as indices into its sequences (scored mode: no Pair objects)."""
+
+    def __init__(self, seqs: list[str], scores: np.ndarray, chosen: np.ndarray, rejected: np.ndarray):
+        self.seqs, self.scores = seqs, scores
+        self.chosen, self.rejected = chosen.tolist(), rejected.tolist()
+
+    def __len__(self) -> int:
+        return len(self.chosen)
+
+    def chunks(self, size: int = 65536) -> Iterator[str]:
+        seqs, text = self.seqs, [repr(x) for x in self.scores.tolist()]
+        for i in range(0, len(self.chosen), size):
+            yield "".join(f"{seqs[c]}\t{seqs[r]}\t{text[c]}\t{text[r]}\n"
+                          for c, r in zip(self.chosen[i:i + size], self.rejected[i:i + size]))
+
+
+def _chunks(pairs: _Indexed | list[Pair], size: int = 65536) -> Iterator[str]:
+    if isinstance(pairs, _Indexed):
+        yield from pairs.chunks(size)
+        return
+    for i in range(0, len(pairs), size):
+        yield "".join(f"{p.chosen}\t{p.rejected}\t{_fmt_score(p.chosen_score)}\t{_fmt_score(p.rejected_score)}\n"
+                      for p in pairs[i:i + size])
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def build_pairs(path: str | os.PathLike | None = None, out_dir: str | os.PathLike = "pairs", *,
+                sequence_col: str | None = None, score_col: str | None = None,
+                chosen_col: str | None = None, rejected_col: str | None = None,
+                chosen_score_col: str | None = None, rejected_score_col: str | None = None,
+                split_col: str | None = None, val_fraction: float = 0.1, margin: float | None = None,
+                pairs_per_sequence: int = 2, max_pairs: int | None = None, seed: int = 0,
+                max_len: int = 1024, overwrite: bool = False) -> dict[str, Any]:
+    """Build a pairs directory `out_dir` from `path` (default: the shipped GB1 sample) and
+    return the report (a dict: the manifest plus out_dir, seconds and dropped-row examples).
+
+    Scored mode (default; `sequence_col`/`score_col` default to the first column named
+    sequence/seq/x and score/fitness/y) or explicit mode (`chosen_col` and `rejected_col`).
+    `margin` (scored mode only, default 0.5): minimum score difference of a pair.
+    `pairs_per_sequence`: partners drawn per sequence; `max_pairs`: at most this many pairs
+    in each split (a seeded random subset). PlanError and nothing written on bad input."""
+    t0 = time.perf_counter()
+    explicit = chosen_col is not None or rejected_col is not None
+    if explicit and (chosen_col is None or rejected_col is None):
+        raise PlanError("explicit pairs need both --chosen-col and --rejected-col",
+                        field="--rejected-col" if rejected_col is None else "--chosen-col")
+    if explicit and (sequence_col is not None or score_col is not None):
+        raise PlanError("give either --sequence-col/--score-col (pairs built from scores) or "
+                        "--chosen-col/--rejected-col (explicit pairs), not both", field="--chosen-col")
+    if not explicit and (chosen_score_col is not None or rejected_score_col is not None):
+        raise PlanError("score columns of explicit pairs need --chosen-col and --rejected-col", field="--chosen-col")
+    if explicit and margin is not None:
+        raise PlanError("applies only when pairs are built from scored sequences (explicit pairs are taken "
+                        "as they are)", field="--margin")
+    if not explicit:
+        margin = 0.5 if margin is None else _check_number("--margin", margin, 0, integer=False)
+    k = _check_number("--pairs-per-sequence", pairs_per_sequence, 1, integer=True)
+    if max_pairs is not None:
+        _check_number("--max-pairs", max_pairs, 1, integer=True)
+    seed = _check_number("--seed", seed, 0, integer=True)
+    max_len = _check_number("--max-len", max_len, 1, integer=True)
+    _check_number("--val-fraction", val_fraction, 0, integer=False, hi=1, hi_open=True)
+
+    out = os.path.abspath(os.fspath(out_dir))
+    _check_out(out, overwrite)
+    table = _Table(gb1_sample_path() if path is None else path)
+    splitter = _Splitter(table, split_col, val_fraction, seed)
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0x9A125])))
+
+    if explicit:
+        pairs, rows, drops, columns = _read_explicit(table, chosen_col, rejected_col, chosen_score_col,
+                                                     rejected_score_col, splitter, max_len)
+        identical = 0
+        for s in SPLITS:        # seeded order; max_pairs: the first ones, a random subset
+            pairs[s] = [pairs[s][i] for i in rng.permutation(len(pairs[s]))[:max_pairs]]
+        diffs = {s: np.array([p.chosen_score - p.rejected_score for p in pairs[s]
+                              if p.chosen_score is not None and p.rejected_score is not None]) for s in SPLITS}
+        score_stats = {s: _stats(np.array([x for p in pairs[s] for x in (p.chosen_score, p.rejected_score)
+                                           if x is not None])) for s in SPLITS}
+        sequences = {s: len({q for p in pairs[s] for q in (p.chosen, p.rejected)}) for s in SPLITS}
+    else:
+        sequence_col = sequence_col or table.find(DEFAULT_SEQUENCE_COLS)
+        score_col = score_col or table.find(DEFAULT_SCORE_COLS)
+        if sequence_col is None or score_col is None:
+            option, names = (("--sequence-col", DEFAULT_SEQUENCE_COLS) if sequence_col is None
+                             else ("--score-col", DEFAULT_SCORE_COLS))
+            raise PlanError(f"no column named {'/'.join(names)} in {table.path}; name one of the columns present: "
+                            f"{', '.join(map(repr, table.header))}", field=option)
+        kept, rows, drops = _read_scored(table, sequence_col, score_col, splitter, max_len)
+        columns = {"sequence": table.header[table.column(sequence_col, "--sequence-col")],
+                   "score": table.header[table.column(score_col, "--score-col")], "split": splitter.name}
+        pairs, diffs, score_stats, sequences, identical = {}, {}, {}, {}, 0
+        for s in SPLITS:
+            seqs, sc = kept[s][0], np.asarray(kept[s][1], dtype=np.float64)
+            chosen, rejected, same = _pair_split(sc, margin, k, rng)
+            identical += same
+            if max_pairs is not None and len(chosen) > max_pairs:
+                chosen, rejected = chosen[:max_pairs], rejected[:max_pairs]     # already shuffled
+            pairs[s] = _Indexed(seqs, sc, chosen, rejected)
+            diffs[s] = sc[chosen] - sc[rejected]
+            score_stats[s] = _stats(sc)
+            sequences[s] = len(seqs)
+    _check_train(pairs, sequences, rows, score_stats, margin, explicit, table)
+
+    counts = {s: len(pairs[s]) for s in SPLITS}
+    source = {"path": os.path.abspath(table.path), "sha256": table.sha256, "rows": sum(rows.values()),
+              "bytes": table.size, "gzip": table.gzip, "delimiter": table.delimiter}
+    manifest = {
+        "format": FORMAT, "version": FORMAT_VERSION, "source": source, "columns": columns,
+        "mode": "explicit" if explicit else "scored",
+        "margin": margin, "seed": seed, "max_len": max_len,
+        "pairs_per_sequence": None if explicit else k, "max_pairs": max_pairs,
+        "split_rule": splitter.rule, "val_fraction": val_fraction if splitter.name is None else None,
+        "counts": counts,
+        "rows": {"read": sum(rows.values()), "per_split": dict(rows),
+                 "kept": {s: rows[s] - sum(drops.per_split[s].values()) for s in SPLITS},
+                 "dropped": dict(drops.counts),
+                 "dropped_per_split": {s: dict(drops.per_split[s]) for s in SPLITS}},
+        "sequences": sequences,
+        "score_stats": score_stats,
+        "difference_stats": {s: _stats(diffs[s]) for s in SPLITS},
+        "identical_pairs_dropped": identical,
+        "files": {s: f"{s}.tsv" for s in SPLITS},
+        "file_columns": list(COLUMNS),
+        "created_by": _command(table.path, explicit, columns, splitter, margin, k, max_pairs, seed, max_len,
+                               val_fraction),
+    }
+    _write(out, manifest, pairs, overwrite)
+    return {**manifest, "out_dir": out, "dropped_examples": drops.examples,
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _read_explicit(table: _Table, chosen_col: str, rejected_col: str, chosen_score_col: str | None,
+                   rejected_score_col: str | None, splitter: _Splitter, max_len: int):
+    ci, ri = table.column(chosen_col, "--chosen-col"), table.column(rejected_col, "--rejected-col")
+    csi = None if chosen_score_col is None else table.column(chosen_score_col, "--chosen-score-col")
+    rsi = None if rejected_score_col is None else table.column(rejected_score_col, "--rejected-score-col")
+    columns = {"chosen": table.header[ci], "rejected": table.header[ri],
+               "chosen_score": None if csi is None else table.header[csi],
+               "rejected_score": None if rsi is None else table.header[rsi], "split": splitter.name}
+    pairs: dict[str, list[Pair]] = {s: [] for s in SPLITS}
+    rows: Counter[str] = Counter({s: 0 for s in SPLITS})
+    drops = _Drops()
+    seen: set[tuple[str, str]] = set()
+    for lineno, row in table.rows():
+        seqs = []
+        for i, option in ((ci, "--chosen-col"), (ri, "--rejected-col")):
+            seq, reason, detail = _sequence(_field(row, i, lineno, table))
+            if reason is not None:
+                raise PlanError(f"{table.path} line {lineno}: {reason.replace('_', ' ')} in column "
+                                f"{table.header[i]!r}: {detail}", field=option)
+            seqs.append(seq)
+        chosen, rejected = seqs
+        if chosen == rejected:
+            raise PlanError(f"{table.path} line {lineno}: chosen and rejected sequences are identical",
+                            field="--rejected-col")
+        cs = None if csi is None else _score(_field(row, csi, lineno, table), lineno, table.header[csi],
+                                             "--chosen-score-col", table)
+        rs = None if rsi is None else _score(_field(row, rsi, lineno, table), lineno, table.header[rsi],
+                                             "--rejected-score-col", table)
+        if cs is not None and rs is not None and cs < rs:
+            raise PlanError(f"{table.path} line {lineno}: chosen score {cs!r} is below the rejected score {rs!r}",
+                            field="--chosen-score-col")
+        split = splitter(row, lineno, chosen)
+        rows[split] += 1
+        if max(len(chosen), len(rejected)) > max_len:
+            drops.add("too_long", split, lineno, f"{max(len(chosen), len(rejected))} residues > max_len {max_len}")
+            continue
+        if (chosen, rejected) in seen:
+            drops.add("duplicate", split, lineno, "pair already seen earlier in the file")
+            continue
+        seen.add((chosen, rejected))
+        pairs[split].append(Pair(chosen, rejected, cs, rs))
+    if sum(rows.values()) == 0:
+        raise PlanError(f"{table.path}: no data rows after the header", field="input")
+    return pairs, rows, drops, columns
+
+
+def _check_train(pairs, sequences, rows, score_stats, margin, explicit, table) -> None:
+    if pairs["train"]:
+        return
+    if rows["train"] == 0:
+        raise PlanError(f"{table.path}: no rows in split 'train' (rows per split: "
+                        f"{', '.join(f'{s} {n:,}' for s, n in rows.items())})", field="--split-col")
+    if explicit:
+        raise PlanError(f"{table.path}: no usable pair in split 'train' (all {rows['train']:,} dropped)",
+                        field="--max-len")
+    if sequences["train"] < 2:
+        raise PlanError(f"{table.path}: split 'train' has {sequences['train']} usable sequence(s); a pair needs two",
+                        field="--sequence-col")
+    widest = max((st["max"] - st["min"] for st in score_stats.values() if st), default=0.0)
+    st = score_stats["train"]
+    raise PlanError(f"no two sequences of split 'train' differ in score by at least the margin {margin:g} "
+                    f"(largest difference found: {st['max'] - st['min']:.4g} in train, {widest:.4g} in any split); "
+                    "lower --margin", field="--margin")
+
+
+def _command(path, explicit, columns, splitter, margin, k, max_pairs, seed, max_len, val_fraction) -> str:
+    args = ["exaplan", "data", "pairs", os.path.abspath(path)]
+    if explicit:
+        args += ["--chosen-col", columns["chosen"], "--rejected-col", columns["rejected"]]
+        for key in ("chosen_score", "rejected_score"):
+            if columns[key] is not None:
+                args += [f"--{key.replace('_', '-')}-col", columns[key]]
+    else:
+        args += ["--sequence-col", columns["sequence"], "--score-col", columns["score"], "--margin", f"{margin:g}",
+                 "--pairs-per-sequence", str(k)]
+    args += ["--split-col", splitter.name or "none"]
+    if splitter.name is None:
+        args += ["--val-fraction", f"{val_fraction:g}"]
+    if max_pairs is not None:
+        args += ["--max-pairs", str(max_pairs)]
+    args += ["--seed", str(seed), "--max-len", str(max_len), "-o", "DIR"]     # DIR: where the manifest is
+    return shlex.join(args)
+
+
+def _check_out(out: str, overwrite: bool) -> None:
+    if not os.path.exists(out):
+        return
+    if not overwrite:
+        raise PlanError(f"{out}: already exists (pass --overwrite to replace it)", field="--out")
+    try:
+        ok = load_manifest(out)["format"] == FORMAT
+    except PlanError:
+        ok = False
+    if not ok:
+        raise PlanError(f"{out}: exists and is not a pairs directory; refusing to replace it", field="--out")
+
+
+def _write(out: str, manifest: dict[str, Any], pairs: dict[str, _Indexed | list[Pair]], overwrite: bool) -> None:
+    _check_out(out, overwrite)
+    parent = os.path.dirname(out)
+    created: list[str] = []
+    tmp = None
+    try:
+        created = _makedirs(parent)
+        tmp = _fresh_dir(parent, f".{os.path.basename(out)}.tmp-")
+        for s in SPLITS:
+            with open(os.path.join(tmp, f"{s}.tsv"), "w", encoding="ascii", newline="\n") as f:
+                f.write(HEADER + "\n")
+                for chunk in _chunks(pairs[s]):
+                    f.write(chunk)
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.write("\n")
+        _install(tmp, out)
+    except BaseException as err:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for d in reversed(created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        if isinstance(err, OSError):
+            raise PlanError(f"{out}: cannot write the pairs: {err}", field="--out") from err
+        raise
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def load_manifest(pairs_dir: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a pairs directory (checks format and version)."""
+    path = Path(pairs_dir) / MANIFEST
+    if not path.is_file():
+        raise PlanError(f"{pairs_dir}: not a pairs directory (no {MANIFEST}; run `exaplan data pairs` first)")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as err:
+        raise PlanError(f"{path}: unreadable manifest: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+        raise PlanError(f"{path}: not an {FORMAT} v{FORMAT_VERSION} manifest")
+    return manifest
+
+
+def _split_name(split: str) -> str:
+    name = SPLIT_VALUES.get(str(split).strip().lower())
+    if name is None:
+        raise PlanError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}", field="split")
+    return name
+
+
+def read_pairs(pairs_dir: str | os.PathLike, split: str = "train") -> list[Pair]:
+    """The pairs of one split ('train', 'validation' or 'test'; aliases val, valid, training),
+    in file order."""
+    manifest = load_manifest(pairs_dir)
+    split = _split_name(split)
+    path = Path(pairs_dir) / manifest.get("files", {}).get(split, f"{split}.tsv")
+    if not path.is_file():
+        raise PlanError(f"{path}: missing (the manifest lists {manifest['counts'].get(split, 0)} {split} pairs)")
+    out: list[Pair] = []
+    with open(path, encoding="ascii") as f:
+        header = f.readline().rstrip("\n")
+        if header != HEADER:
+            raise PlanError(f"{path}: header {header!r}, expected {HEADER!r}")
+        for lineno, line in enumerate(f, 2):
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) != 4 or not fields[0] or not fields[1]:
+                raise PlanError(f"{path} line {lineno}: expected 4 tab-separated fields (two sequences, two scores)")
+            try:
+                cs = float(fields[2]) if fields[2] else None
+                rs = float(fields[3]) if fields[3] else None
+            except ValueError:
+                raise PlanError(f"{path} line {lineno}: score is not a number") from None
+            out.append(Pair(fields[0], fields[1], cs, rs))
+    expected = manifest["counts"].get(split)
+    if expected is not None and expected != len(out):
+        raise PlanError(f"{path}: {len(out)} pairs, the manifest says {expected} (truncated or edited?)")
+    return out
+
+
+def read_scored_sequences(path: str | os.PathLike | None = None, sequence_col: str | None = None,
+                          score_col: str | None = None, split: str = "validation", *, split_col: str | None = None,
+                          val_fraction: float = 0.1, seed: int = 0, max_len: int | None = None) -> ScoredSequences:
+    """Sequences and scores of one split of a scored table (default: the shipped GB1 sample),
+    with exactly the split rule and row filters of `build_pairs` (so the same seed, split
+    column and val_fraction give the sequences the pairs of that split were built from), in
+    file order. split 'all' gives every kept row."""
+    table = _Table(gb1_sample_path() if path is None else path)
+    sequence_col = sequence_col or table.find(DEFAULT_SEQUENCE_COLS)
+    score_col = score_col or table.find(DEFAULT_SCORE_COLS)
+    if sequence_col is None or score_col is None:
+        raise PlanError(f"name the column; columns present: {', '.join(map(repr, table.header))}",
+                        field="--sequence-col" if sequence_col is None else "--score-col")
+    if max_len is not None:
+        _check_number("max_len", max_len, 1, integer=True)
+    wanted = list(SPLITS) if split == "all" else [_split_name(split)]
+    kept, _, _ = _read_scored(table, sequence_col, score_col, _Splitter(table, split_col, val_fraction, seed), max_len)
+    seqs = [q for s in wanted for q in kept[s][0]]
+    scores = np.asarray([x for s in wanted for x in kept[s][1]], dtype=np.float64)
+    return ScoredSequences(seqs, scores)
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+def _num(x: float | None, width: int = 9) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:>{width}.3g}"
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    """The report of `build_pairs` (or a manifest) as a table."""
+    src, rows = rep["source"], rep["rows"]
+    cols = ", ".join(f"{k} {v!r}" for k, v in rep["columns"].items() if v is not None)
+    how = (f"margin {rep['margin']:g}, up to {rep['pairs_per_sequence']} partner(s) per sequence"
+           if rep["mode"] == "scored" else "explicit pairs (no margin)")
+    if rep.get("max_pairs"):
+        how += f", at most {rep['max_pairs']:,} pairs per split"
+    lines = [f"{src['path']} ({src['rows']:,} rows, sha256 {src['sha256'][:16]}...)"
+             + (f" -> {rep['out_dir']}" if "out_dir" in rep else ""),
+             f"columns: {cols}; {how}; seed {rep['seed']}; max_len {rep['max_len']}",
+             f"split rule: {rep['split_rule']}" + (f" (val_fraction {rep['val_fraction']:g})"
+                                                   if rep.get("val_fraction") is not None else ""),
+             "",
+             f"{'split':<11}{'rows':>10}{'dropped':>9}{'sequences':>11}{'pairs':>11}"
+             f"{'diff min':>10}{'median':>9}{'max':>9}"]
+    total = Counter()
+    for s in SPLITS:
+        d = rep["difference_stats"][s] or {}
+        dropped = sum(rows["dropped_per_split"][s].values())
+        lines.append(f"{s:<11}{rows['per_split'][s]:>10,}{dropped:>9,}{rep['sequences'][s]:>11,}"
+                     f"{rep['counts'][s]:>11,}{_num(d.get('min'), 10)}{_num(d.get('median'))}{_num(d.get('max'))}")
+        total.update(rows=rows["per_split"][s], dropped=dropped, sequences=rep["sequences"][s], pairs=rep["counts"][s])
+    lines.append(f"{'total':<11}{total['rows']:>10,}{total['dropped']:>9,}{total['sequences']:>11,}{total['pairs']:>11,}")
+    lines.append("")
+    dropped = ", ".join(f"{k} {v:,}" for k, v in rows["dropped"].items() if v) or "none"
+    lines.append(f"rows dropped: {dropped}")
+    for ex in rep.get("dropped_examples", [])[:8]:
+        lines.append(f"  line {ex['line']}: {ex['reason']} ({ex['detail']})")
+    lines.append(f"pairs dropped for identical sequences: {rep['identical_pairs_dropped']:,}"
+                 + (" (duplicate sequences are dropped before pairing)" if rep["mode"] == "scored" else ""))
+    if rep["counts"]["validation"] == 0:
+        lines.append("note: no validation pairs")
+    if "seconds" in rep:
+        lines.append(f"{rep['seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+def describe(pairs_dir: str | os.PathLike) -> str:
+    """A few lines about a pairs directory."""
+    m = load_manifest(pairs_dir)
+    return f"{os.path.abspath(pairs_dir)}: {FORMAT} v{FORMAT_VERSION}\n" + format_report(m)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+HELP = """\
+Build (chosen, rejected) preference pairs for DPO from a CSV/TSV table (plain or .gz).
+
+Scored sequences (default): --sequence-col and --score-col (higher score = preferred; default
+columns sequence/seq/x and score/fitness/y). Within each split every sequence gets up to
+--pairs-per-sequence partners, drawn at random (--seed) among the sequences of the same split
+whose score differs by at least --margin; pairs never cross splits. Rows with letters outside
+A-Z, longer than --max-len, without a score, or repeating an earlier sequence are dropped and
+counted. Explicit pairs: --chosen-col/--rejected-col (optional score columns) are taken as
+they are. Splits: --split-col (default: a column named `set`; values training/train,
+validation/valid/val, test), else a hash of the sequence puts --val-fraction in validation.
+
+Output DIR (atomic; --overwrite replaces an existing pairs directory):
+  manifest.json                 format exaplan-pairs v1: source (path, sha256, rows), columns,
+                                margin, seed, max_len, counts per split, score_stats, created_by
+  train.tsv validation.tsv test.tsv
+                                chosen<TAB>rejected<TAB>chosen_score<TAB>rejected_score
+Python: runtime.pairs.read_pairs(DIR, "train") -> [Pair(chosen, rejected, chosen_score, rejected_score)].
+
+Example, the shipped GB1 sample (Olson et al. 2014 double mutants, via mavenn; the default input):
+  exaplan data pairs -o gb1pairs
+  exaplan data pairs gb1_data.csv.gz --sequence-col x --score-col y --margin 1 -o gb1pairs
+"""
+
+
+def add_parser(sub) -> None:
+    """The `pairs` subcommand of `exaplan data` (sub: argparse subparsers)."""
+    import argparse
+
+    p = sub.add_parser("pairs", help="build DPO preference pairs from a scored CSV/TSV (default: shipped GB1 sample)",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("table", nargs="?", help="CSV/TSV file, plain or .gz (default: the shipped GB1 sample)")
+    p.add_argument("-o", "--out", required=True, help="output directory (written atomically)")
+    p.add_argument("--sequence-col", help="column of sequences (default: sequence, seq or x)")
+    p.add_argument("--score-col", help="column of scores, higher is preferred (default: score, fitness or y)")
+    p.add_argument("--chosen-col", help="explicit pairs: column of the chosen sequences")
+    p.add_argument("--rejected-col", help="explicit pairs: column of the rejected sequences")
+    p.add_argument("--chosen-score-col", help="explicit pairs: optional score column of the chosen sequence")
+    p.add_argument("--rejected-score-col", help="explicit pairs: optional score column of the rejected sequence")
+    p.add_argument("--split-col", help="split column (default: `set` if present; `none`: hash split)")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="validation share of the hash split, by sequence (default 0.1)")
+    p.add_argument("--margin", type=float, help="minimum score difference of a built pair (default 0.5)")
+    p.add_argument("--pairs-per-sequence", type=int, default=2, help="partners drawn per sequence (default 2)")
+    p.add_argument("--max-pairs", type=int, help="at most this many pairs per split (a seeded random subset)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling and the hash split (default 0)")
+    p.add_argument("--max-len", type=int, default=1024, help="longest sequence kept, in residues (default 1024)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing pairs directory")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run_cli(args) -> int:
+    rep = build_pairs(args.table, args.out, sequence_col=args.sequence_col, score_col=args.score_col,
+                      chosen_col=args.chosen_col, rejected_col=args.rejected_col,
+                      chosen_score_col=args.chosen_score_col, rejected_score_col=args.rejected_score_col,
+                      split_col=args.split_col, val_fraction=args.val_fraction, margin=args.margin,
+                      pairs_per_sequence=args.pairs_per_sequence, max_pairs=args.max_pairs, seed=args.seed,
+                      max_len=args.max_len, overwrite=args.overwrite)
+    print(json.dumps(rep, indent=1) if args.json else format_report(rep))
+    return 0
+
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "Pair", "SPLITS", "ScoredSequences", "build_pairs", "describe",
+           "format_report", "gb1_sample_path", "load_manifest", "read_pairs", "read_scored_sequences"]
