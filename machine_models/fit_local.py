@@ -229,6 +229,10 @@ def validate_measurements(meas: dict[str, Any]) -> None:
     if "memory" in meas:
         mem = meas["memory"]
         _series([mem.get("gbps_per_device") if isinstance(mem, dict) else None], "memory.gbps_per_device")
+    if "optimizer" in meas:
+        o = meas["optimizer"]
+        _series([o.get("seconds") if isinstance(o, dict) else None], "optimizer.seconds")
+        _series([o.get("params") if isinstance(o, dict) else None], "optimizer.params")
     if "collectives" in meas:
         coll = meas["collectives"]
         if not isinstance(coll, dict) or not coll:
@@ -317,6 +321,14 @@ def fit_details(meas: dict[str, Any], base: MachineModel) -> CalibrationFit:
         mem = float(meas["memory"]["gbps_per_device"])
         update["memory_bandwidth_gbps"] = mem
 
+    # --- optimizer: one AdamW step, as bytes of memory traffic per parameter ---
+    if "optimizer" in meas:
+        o = meas["optimizer"]
+        bandwidth = mem if mem is not None else base.memory_bandwidth_gbps
+        per_param = float(o["seconds"]) / float(o["params"])
+        if per_param > 0:
+            update["optimizer_bytes_per_param"] = per_param * bandwidth * 1e9
+
     # --- collectives ---
     fits: dict[str, AlphaBetaFit] = {}
     for kind, s in (meas.get("collectives") or {}).items():
@@ -338,6 +350,13 @@ def fit_details(meas: dict[str, Any], base: MachineModel) -> CalibrationFit:
                 # One node: never used, kept equal to the intra-node figures (as the loader does).
                 update["inter_node_latency_us"] = f.alpha_us
                 update["nic_gbps"] = f.beta_gbps * 8 / base.nics_per_node
+
+    # Reduce-scatter and all-gather against the allreduce the link figures came from.
+    if source == "allreduce" and nodes == 1:
+        ceff = {k: min(1.0, max(0.01, fits[k].beta_gbps / fits[source].beta_gbps))
+                for k in ("reduce_scatter", "all_gather") if k in fits}
+        if ceff:
+            update["collective_efficiency"] = {**base.collective_efficiency.model_dump(), **ceff}
 
     # --- a CPU run for another rank count re-splits the node ---
     ranks = int(meas.get("ranks", base.devices_per_node))

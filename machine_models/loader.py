@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from planner.errors import PlanError
 from planner.plan import format_validation_error
-from planner.specs import MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
+from planner.specs import CollectiveEfficiency, MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
 
 PRESET_DIR = Path(__file__).resolve().parent
 DEVICE_KINDS_FILE = PRESET_DIR / "device_kinds.yaml"
@@ -37,6 +37,12 @@ CPU_MEMORY_BANDWIDTH_GBPS = 20.0  # 16-25 GB/s copy, shared by all ranks
 GLOO_BANDWIDTH_GBPS = 0.8  # allreduce fit from 1 MiB up: 1.1-1.3 ns/byte (2 ranks)
 GLOO_ALLREDUCE_LATENCY_US = 2500.0  # allreduce fit intercept (2 ranks); a lone tiny collective ~500 us
 CPU_MEMORY_RESERVE_GIB = 0.3  # interpreter, torch, gloo buffers
+# gloo's reduce-scatter and all-gather reach about 0.3 of its allreduce's bandwidth (2 ranks,
+# 4-64 MiB: 0.44 and 0.53 GB/s against 1.46 GB/s, `exaplan calibrate` on this host).
+GLOO_RS_AG_EFFICIENCY = 0.3
+# AdamW's single-tensor path (the runtime's, over DTensors) on a CPU: about 64 bytes of
+# memory traffic per parameter (0.07-0.19 s for 12.5-25 M parameters at 10-13 GB/s).
+CPU_OPTIMIZER_BYTES_PER_PARAM = 64.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,7 +142,12 @@ def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
         collective_library="gloo",
         algorithms=["ring"],
         nodes=1,
-        overlap=Overlap(dp=0.3, tp=0.0, pp=0.3, cp=0.3),  # gloo's thread competes for the cores
+        # FSDP2 (which also runs DDP here) waits for each collective on a CPU: nothing of
+        # the data-parallel traffic hides behind compute.
+        overlap=Overlap(dp=0.0, tp=0.0, pp=0.3, cp=0.3),
+        collective_efficiency=CollectiveEfficiency(reduce_scatter=GLOO_RS_AG_EFFICIENCY, all_gather=GLOO_RS_AG_EFFICIENCY),
+        optimizer_bytes_per_param=CPU_OPTIMIZER_BYTES_PER_PARAM,
+        dp_buffer_copies=2.0,  # FSDP2's copy-in and copy-out, in line with the collective on a CPU
         memory_reserve_gib=CPU_MEMORY_RESERVE_GIB,
         calibrated=False,
     )

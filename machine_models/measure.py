@@ -150,6 +150,7 @@ def measure(
             meas["matmul"] = _measure_matmul(device_type, threads, quick, bar)
         if memory:
             meas["memory"] = _measure_memory(device_type, ranks, quick, bar)
+            meas["optimizer"] = _measure_optimizer(device_type, threads, quick, bar)
         if collectives and (launched is not None or ranks > 1):
             if launched is not None:
                 meas["collectives"] = _collectives_under_launcher(launched, sizes, quick, bar)
@@ -303,6 +304,38 @@ def _measure_memory(device_type: str, ranks: int, quick: bool, bar: "_Progress")
         "shared_by_ranks": ranks if shared else 1,
         "gbps_per_device": gbps / ranks if shared else gbps,
     }
+
+
+def _measure_optimizer(device_type: str, threads: int, quick: bool, bar: "_Progress") -> dict[str, Any]:
+    """One AdamW step as the runtime runs it (torch.optim.AdamW, single-tensor path) over
+    tensors shaped like a transformer's (weight matrices and norm vectors), on a CPU with
+    one rank's share of the cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    if device_type == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        return _time_adamw(device_type, quick, bar)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _time_adamw(device_type: str, quick: bool, bar: "_Progress") -> dict[str, Any]:
+    import torch
+
+    task = bar.add("optimizer", 1)
+    dim = 512 if quick else 1024
+    shapes = [(dim, dim)] * 4 + [(3 * dim, dim)] * 3 + [(dim,)] * 2  # one block: attention, MLP, norms
+    blocks = 4 if quick else 8
+    params = [torch.nn.Parameter(torch.randn(s, device=device_type)) for _ in range(blocks) for s in shapes]
+    for q in params:
+        q.grad = torch.randn_like(q)
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, foreach=False)
+    seconds = _time_repeated(opt.step, device_type, 0.5 if quick else 2.0, max_calls=50)
+    bar.advance(task)
+    return {"kind": "AdamW foreach=False", "params": int(sum(q.numel() for q in params)), "tensors": len(params),
+            "seconds": seconds, "threads": torch.get_num_threads() if device_type == "cpu" else None}
 
 
 # --------------------------------------------------------------------------------------------

@@ -116,6 +116,16 @@ class Overlap(Spec):
     cp: Fraction = Field(0.8, description="Of context-parallel (ring attention) traffic hidden behind attention.")
 
 
+class CollectiveEfficiency(Spec):
+    """Fraction of the link figures (fitted on allreduce) that each collective of the library
+    reaches. 1.0 on NCCL/RCCL/oneCCL, whose rings run every collective at the link rate; gloo
+    runs reduce-scatter and all-gather as slower generic algorithms (about 0.3 measured)."""
+
+    allreduce: Fraction = Field(1.0, description="Allreduce, relative to the link figures.")
+    reduce_scatter: Fraction = Field(1.0, description="Reduce-scatter, relative to a ring at the link figures.")
+    all_gather: Fraction = Field(1.0, description="All-gather, relative to a ring at the link figures.")
+
+
 class MachineModel(Spec):
     """A machine: nodes of identical devices, an intra-node fabric and NICs into a fabric."""
 
@@ -146,6 +156,16 @@ class MachineModel(Spec):
     algorithms: list[Algorithm] = Field(description="Allreduce algorithms the library can be told to use.")
     nodes: PosInt = Field(description="Nodes in the whole system.")
     overlap: Overlap = Field(default_factory=Overlap)
+    collective_efficiency: CollectiveEfficiency = Field(default_factory=CollectiveEfficiency)
+    dp_buffer_copies: float = Field(
+        0.0, ge=0, description="Passes (a read and a write each) over every data-parallel collective's buffer that "
+                               "the framework makes around it, in line (FSDP2's copy-in/copy-out on a CPU: 2; on GPUs "
+                               "they run on the communication stream: 0)."
+    )
+    optimizer_bytes_per_param: PosFloat | None = Field(
+        None, description="Memory traffic of one AdamW step per parameter of the shard (bytes; default 28 fp32, 30 "
+                          "mixed: a fused kernel's one pass). Unfused per-tensor optimizers on CPUs move 2-3x that."
+    )
     op_overhead_us: float = Field(
         0.0, ge=0, description="Framework cost of launching one operator (Python dispatch, autograd, kernel launch), "
                                "microseconds; matters for small models and CPUs."

@@ -76,12 +76,14 @@ def _fake_measurements(ranks=2):
         "matmul": [{"precision": "fp32", "m": x, "n": x, "k": x, "d": x, "tflops": 0.15 * x / (x + 100)} for x in d]
         + [{"precision": "bf16", "m": 256, "n": 256, "k": 256, "d": 256, "tflops": 0.001}],
         "memory": {"gbps_per_device": 8.0},
+        "optimizer": {"params": 10_000_000, "seconds": 0.08},  # 8 ns a parameter at 8 GB/s: 64 B
         "collectives": {},
     }
     for kind in KINDS:
         n = 2 if kind == "p2p" else ranks
+        beta = 0.3e9 if kind in ("reduce_scatter", "all_gather") else 0.9e9  # gloo's slower rs/ag
         meas["collectives"][kind] = {"n": n, "bytes": SIZES,
-                                     "times_s": _synthetic_times(kind, n, 200e-6, 0.9e9, 0.03, rng).tolist()}
+                                     "times_s": _synthetic_times(kind, n, 200e-6, beta, 0.03, rng).tolist()}
     return meas
 
 
@@ -99,6 +101,11 @@ def test_fit_sets_the_machine_figures():
         model = m.peak_tflops[row["precision"]] * eff.peak_fraction * row["d"] / (row["d"] + eff.half_dim)
         assert model == pytest.approx(row["tflops"], rel=0.03)
     assert set(meas["fit"]["collectives"]) == set(KINDS)
+    # Reduce-scatter and all-gather at a third of allreduce's bandwidth; AdamW's bytes.
+    assert m.collective_efficiency.reduce_scatter == pytest.approx(1 / 3, rel=0.1)
+    assert m.collective_efficiency.all_gather == pytest.approx(1 / 3, rel=0.1)
+    assert m.collective_efficiency.allreduce == 1.0
+    assert m.optimizer_bytes_per_param == pytest.approx(64.0)
     assert "exaplan calibrate --ranks 2 --quick" in m.description
 
 
@@ -128,6 +135,8 @@ def test_calibration_file_round_trips(tmp_path):
         (lambda m: m["matmul"][1].__setitem__("tflops", math.nan), "matmul.fp32.tflops"),
         (lambda m: m.__setitem__("matmul", []), "matmul"),
         (lambda m: m["memory"].__setitem__("gbps_per_device", -3.0), "memory.gbps_per_device"),
+        (lambda m: m["optimizer"].__setitem__("seconds", math.nan), "optimizer.seconds"),
+        (lambda m: m["optimizer"].__setitem__("params", 0), "optimizer.params"),
     ],
 )
 def test_bad_measurements_raise_and_write_nothing(tmp_path, spoil, series):

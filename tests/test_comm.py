@@ -187,3 +187,22 @@ def test_at_30k_ranks_ring_loses_to_rabenseifner_and_tree():
     node = comm.place(12, 1, t)
     ring12, rab12, tree12 = (float(comm.allreduce(a, node, M)) for a in (comm.AL_RING, comm.AL_RABENSEIFNER, comm.AL_TREE))
     assert ring12 < rab12 and ring12 < tree12
+
+
+# --- what each collective of the library reaches ------------------------------------------------
+
+
+def test_collective_efficiency_slows_only_its_collective():
+    """gloo runs reduce-scatter and all-gather at about 0.3 of its allreduce's speed: a
+    machine that says so pays 1/0.3 of the ring time for them and nothing more for allreduce."""
+    base = load_machine("local")
+    slow = base.model_copy(update={"collective_efficiency": base.collective_efficiency.model_copy(
+        update={"reduce_scatter": 0.25, "all_gather": 0.5, "allreduce": 1.0})})
+    fast = base.model_copy(update={"collective_efficiency": base.collective_efficiency.model_copy(
+        update={"reduce_scatter": 1.0, "all_gather": 1.0, "allreduce": 1.0})})
+    M = 64 * MB
+    ps, pf = comm.place(2, 1, link_tiers(slow)), comm.place(2, 1, link_tiers(fast))
+    a = comm.AL_RING
+    assert float(comm.reduce_scatter(a, ps, M)) == pytest.approx(4 * float(comm.reduce_scatter(a, pf, M)), **EXACT)
+    assert float(comm.all_gather(a, ps, M)) == pytest.approx(2 * float(comm.all_gather(a, pf, M)), **EXACT)
+    assert float(comm.allreduce(a, ps, M)) == pytest.approx(float(comm.allreduce(a, pf, M)), **EXACT)

@@ -229,3 +229,25 @@ def test_fits_flips_when_device_memory_drops_below_total():
     assert bool(above.memory.fits[0]) and not bool(below.memory.fits[0])
     # The total itself does not depend on the capacity.
     assert float(below.memory.total[0]) == float(ev.memory.total[0])
+
+
+def test_cpu_terms_optimizer_bytes_and_buffer_copies():
+    """optimizer_bytes_per_param sets the optimizer's memory traffic (default: a fused
+    AdamW's 28 B in fp32); dp_buffer_copies charges the passes over each data-parallel
+    buffer around its collective (0 on GPUs, where they hide on the communication stream)."""
+    m = get_model("protein-small")
+    mach = load_machine("dgx-h100")
+    j = job(gb=8, seq=256, precision=Precision.fp32)
+    L = Layouts.concat([lay(dp_replicate=8), lay(dp_shard=8, sharding=SH_FSDP)])
+    base = evaluate(m, mach, j, L)
+    P = flops.total_params(m)
+    opt = evaluate(m, mach.model_copy(update={"optimizer_bytes_per_param": 56.0}), j, L)
+    extra = opt.optimizer_s - base.optimizer_s
+    # DDP updates all P parameters, FSDP its 1/8 shard: 28 more bytes each at the HBM rate.
+    assert extra[0] == pytest.approx(P * 28 / (mach.memory_bandwidth_gbps * 1e9), rel=1e-6)
+    assert extra[1] == pytest.approx(extra[0] / 8, rel=1e-6)
+    slow = mach.model_copy(update={"dp_buffer_copies": 2.0, "overlap": mach.overlap.model_copy(update={"dp": 0.0})})
+    no_copy = mach.model_copy(update={"overlap": mach.overlap.model_copy(update={"dp": 0.0})})
+    with_copies, without = evaluate(m, slow, j, L), evaluate(m, no_copy, j, L)
+    assert np.all(with_copies.dp_s > without.dp_s)
+    assert np.all(with_copies.compute_s == without.compute_s)

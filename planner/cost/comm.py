@@ -40,6 +40,7 @@ class Placement:
     intra_alpha_s: float
     intra_beta_Bps: float
     inter_beta_Bps: np.ndarray  # per-rank share of the NICs when every device talks at once
+    eff: dict[str, float]  # collective -> fraction of the modelled speed the library reaches
 
 
 def place(size, stride, tiers: LinkTiers) -> Placement:
@@ -56,7 +57,8 @@ def place(size, stride, tiers: LinkTiers) -> Placement:
     beta = np.where(multi, np.minimum(tiers.intra_bandwidth_Bps, nic_share), tiers.intra_bandwidth_Bps)
     alpha = np.where(multi, tiers.inter_latency_s, tiers.intra_latency_s)
     inter_beta = np.minimum(tiers.intra_bandwidth_Bps, tiers.node_injection_Bps * taper / dpn)
-    return Placement(size, local, nodes, alpha, beta, tiers.intra_latency_s, tiers.intra_bandwidth_Bps, inter_beta)
+    eff = {"allreduce": tiers.allreduce_eff, "reduce_scatter": tiers.reduce_scatter_eff, "all_gather": tiers.all_gather_eff}
+    return Placement(size, local, nodes, alpha, beta, tiers.intra_latency_s, tiers.intra_bandwidth_Bps, inter_beta, eff)
 
 
 def _log2(n) -> np.ndarray:
@@ -114,7 +116,10 @@ def point_to_point(M, alpha, beta) -> np.ndarray:
 
 def allreduce(algorithm: int, pl: Placement, M) -> np.ndarray:
     """Time of one allreduce of M bytes on the communicator `pl` with the given algorithm."""
-    M = np.asarray(M, dtype=np.float64)
+    return _allreduce(algorithm, pl, np.asarray(M, dtype=np.float64)) / pl.eff["allreduce"]
+
+
+def _allreduce(algorithm: int, pl: Placement, M: np.ndarray) -> np.ndarray:
     if algorithm == AL_RING:
         return ring_allreduce(pl.size, M, pl.alpha_s, pl.beta_Bps)
     if algorithm == AL_TREE:
@@ -129,14 +134,20 @@ def allreduce(algorithm: int, pl: Placement, M) -> np.ndarray:
 
 
 def reduce_scatter(algorithm: int, pl: Placement, M) -> np.ndarray:
-    """Reduce-scatter (or all-gather: same cost) of an M-byte buffer. Libraries implement
-    these as rings, or hierarchically (inside the node, then across nodes)."""
-    M = np.asarray(M, dtype=np.float64)
+    """Reduce-scatter of an M-byte buffer. Libraries implement it as a ring, or
+    hierarchically (inside the node, then across nodes)."""
+    return _ring_or_hierarchical(algorithm, pl, np.asarray(M, dtype=np.float64)) / pl.eff["reduce_scatter"]
+
+
+def all_gather(algorithm: int, pl: Placement, M) -> np.ndarray:
+    """All-gather into an M-byte buffer: a reduce-scatter's traffic, run backwards."""
+    return _ring_or_hierarchical(algorithm, pl, np.asarray(M, dtype=np.float64)) / pl.eff["all_gather"]
+
+
+def _ring_or_hierarchical(algorithm: int, pl: Placement, M: np.ndarray) -> np.ndarray:
     if algorithm == AL_HIERARCHICAL:
         inside = ring_reduce_scatter(pl.local, M, pl.intra_alpha_s, pl.intra_beta_Bps)
         across = ring_reduce_scatter(pl.nodes, M / pl.local, pl.alpha_s, pl.inter_beta_Bps)
         return np.where(pl.nodes > 1, inside + across, ring_reduce_scatter(pl.size, M, pl.alpha_s, pl.beta_Bps))
     return ring_reduce_scatter(pl.size, M, pl.alpha_s, pl.beta_Bps)
 
-
-all_gather = reduce_scatter

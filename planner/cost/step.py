@@ -153,7 +153,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     tp_mb = {}
     for a in sorted(set(ar_codes) | set(rsag_codes)):
         ar_cost = comm.allreduce(a, pl_tp, M_act) if a in ar_codes else np.inf
-        sp_cost = 2 * comm.reduce_scatter(a, pl_tp, M_act) if a in rsag_codes else np.inf
+        sp_cost = comm.reduce_scatter(a, pl_tp, M_act) + comm.all_gather(a, pl_tp, M_act) if a in rsag_codes else np.inf
         cost = np.where(u.sp == 1, sp_cost, ar_cost)  # inf where the library lacks the algorithm
         with np.errstate(invalid="ignore"):
             tp_mb[a] = np.where(calls > 0, calls * cost, 0.0)
@@ -163,7 +163,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     pl_cp = comm.place(u.cp, t, tiers)
     kv_full = T * u.cp * 2 * model.kv_heads * model.head_dim * B / t
     passes = 2 + np.where(u.recompute == RC_FULL, 1, 0)
-    cp_mb = blocks_on_rank * passes * comm.ring_all_gather(pl_cp.size, kv_full, pl_cp.alpha_s, pl_cp.beta_Bps) * (1 - ov.cp)
+    cp_mb = blocks_on_rank * passes * comm.ring_all_gather(pl_cp.size, kv_full, pl_cp.alpha_s, pl_cp.beta_Bps) / pl_cp.eff["all_gather"] * (1 - ov.cp)
     # Pipeline: each chunk sends its activations forward and their gradients back.
     pl_pp = comm.place(u.pp, u.dp * u.cp * t, tiers)
     pp_bytes = np.where(u.sp == 1, M_act / t, M_act)
@@ -221,11 +221,15 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     # resharded) and reduce-scatters its gradients.
     zero_bucket_bytes = 4.0 * np.maximum(ZERO_BUCKET_PARAMS, 1e6 * m.grad_group)
     zb = np.maximum(np.ceil(M_grad / zero_bucket_bytes), 1)
+    # Each one's buffer also passes through memory around the collective (FSDP2's copy-in to
+    # a flat buffer and copy-out; DDP's and ZeRO's bucket copies): in line on a CPU, hidden
+    # on the communication stream of a GPU (machine.dp_buffer_copies passes, read + write).
+    copy_s = machine.dp_buffer_copies * 2.0 / (machine.memory_bandwidth_gbps * 1e9)
     for r in rsag_codes:
-        zero_rs = comm.reduce_scatter(r, pl_grad, M_grad / zb)
-        ag_grad_group = comm.all_gather(r, pl_grad, M_w)
-        ag_block = comm.all_gather(r, pl_shard, M_w / n_blocks)
-        rs_block = comm.reduce_scatter(r, pl_shard, M_grad / n_blocks)
+        zero_rs = comm.reduce_scatter(r, pl_grad, M_grad / zb) + copy_s * M_grad / zb
+        ag_grad_group = comm.all_gather(r, pl_grad, M_w) + copy_s * M_w
+        ag_block = comm.all_gather(r, pl_shard, M_w / n_blocks) + copy_s * M_w / n_blocks
+        rs_block = comm.reduce_scatter(r, pl_shard, M_grad / n_blocks) + copy_s * M_grad / n_blocks
         refetch = np.where(s == SH_GRAD_OP, 0.0, 1.0)
         F_total[r] = np.where(zero, ag_grad_group, np.where(fsdp, n_blocks * ag_block, 0.0))
         F_floor[r] = np.where(zero, ag_grad_group / n_blocks, np.where(fsdp, ag_block, 0.0))
@@ -241,8 +245,8 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
         for mb in DDP_BUCKETS_MB:
             bytes_ = np.where(s == SH_HSDP, M_grad / G, M_grad)
             n = np.maximum(np.ceil(bytes_ / (mb * 1e6)), 1)
-            per_ddp = comm.allreduce(a, pl_grad, bytes_ / n)
-            per_hsdp = comm.allreduce(a, pl_rep, bytes_ / n)
+            per_ddp = comm.allreduce(a, pl_grad, bytes_ / n) + copy_s * bytes_ / n
+            per_hsdp = comm.allreduce(a, pl_rep, bytes_ / n) + copy_s * bytes_ / n
             per = np.where(s == SH_HSDP, per_hsdp, np.where(allreduced, per_ddp, 0.0))
             per = np.where(single, 0.0, per)
             S_total[a].append(n * per)
@@ -251,7 +255,8 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     opt_params = np.where(s == SH_NONE, P, P / G)
     # AdamW reads and writes its shard (fp32 weights, gradients, two moments, the 16-bit
     # copy), plus the framework's fixed cost per step.
-    optimizer_s = opt_params * (30.0 if job.precision != Precision.fp32 else 28.0) / (machine.memory_bandwidth_gbps * 1e9)
+    per_param = machine.optimizer_bytes_per_param or (30.0 if job.precision != Precision.fp32 else 28.0)
+    optimizer_s = opt_params * per_param / (machine.memory_bandwidth_gbps * 1e9)
     tensors = n_blocks * compute.TENSORS_PER_BLOCK + 3
     optimizer_s = optimizer_s + machine.step_overhead_s + machine.op_overhead_us * 1e-6 * compute.OPTIMIZER_OPS_PER_TENSOR * tensors
     return MeshCosts(

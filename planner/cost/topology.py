@@ -33,6 +33,9 @@ class LinkTiers:
     global_taper: float  # fraction of injection bandwidth between dragonfly groups
     nodes_per_group: int
     devices_per_node: int
+    allreduce_eff: float = 1.0  # collective_efficiency: what each collective reaches of the links
+    reduce_scatter_eff: float = 1.0
+    all_gather_eff: float = 1.0
 
 
 def build_graph(machine: MachineModel, nodes: int, sample_group_size: int | None = None) -> nx.Graph:
@@ -87,6 +90,7 @@ def node_injection(g: nx.Graph, node: int) -> float:
 NETWORK_FIELDS = (
     "devices_per_node", "intra_node_bandwidth_gbps", "intra_node_latency_us", "nics_per_node", "nic_gbps",
     "inter_node_latency_us", "topology", "global_bandwidth_taper", "nodes_per_group", "network_efficiency", "nodes",
+    "collective_efficiency",
 )
 
 
@@ -117,6 +121,9 @@ def _tiers_cached(network_json: str) -> LinkTiers:
         global_taper=machine.global_bandwidth_taper if dragonfly else 1.0,
         nodes_per_group=machine.nodes_per_group if dragonfly else max(machine.nodes, 1),
         devices_per_node=machine.devices_per_node,
+        allreduce_eff=machine.collective_efficiency["allreduce"],
+        reduce_scatter_eff=machine.collective_efficiency["reduce_scatter"],
+        all_gather_eff=machine.collective_efficiency["all_gather"],
     )
 
 
