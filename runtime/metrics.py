@@ -5,7 +5,9 @@
     out_dir/metrics.jsonl   one JSON object a line: {"kind": "train", step, loss, tokens,
                             step_time_s, tokens_per_s, model_tflops_per_device, mfu,
                             peak_memory_bytes, peak_memory_gib, lr, grad_norm, time} per step,
-                            {"kind": "validation", step, val_loss, time} per validation
+                            {"kind": "validation", step, val_loss, time} per validation;
+                            DPO runs add {"kind": "dpo", ...} per step and
+                            {"kind": "dpo_validation", ...} per validation (log_dpo_*)
     out_dir/summary.json    at the end (written atomically): measured against predicted
     out_dir/tensorboard/    the same scalars, if the `tensorboard` package is installed
 
@@ -209,6 +211,35 @@ class MetricsWriter:
         self._emit(record)
         if self._tb is not None and record["val_loss"] is not None:
             self._tb.add_scalar("val/loss", record["val_loss"], record["step"])
+        return record
+
+    def log_dpo_step(self, step: int, stats: dict[str, float]) -> dict[str, Any]:
+        """DPO metrics of one step (runtime/dpo.py STAT_KEYS, means over the global batch's
+        pairs), next to its "train" record: {"kind": "dpo", step, loss, reward_accuracy,
+        reward_margin, chosen_reward, rejected_reward, chosen_logp, rejected_logp,
+        logp_accuracy, pairs}."""
+        return self._dpo_record("dpo", "dpo", step, stats)
+
+    def log_dpo_validation(self, step: int, stats: dict[str, float]) -> dict[str, Any]:
+        """DPO metrics over the validation pairs: {"kind": "dpo_validation", step, val_loss,
+        reward_accuracy, ...}; counts as a validation for the summary's val_loss."""
+        record = self._dpo_record("dpo_validation", "dpo_val", step, stats)
+        if record:
+            self.validations.append(record)
+        return record
+
+    def _dpo_record(self, kind: str, board: str, step: int, stats: dict[str, float]) -> dict[str, Any]:
+        if not self.enabled:
+            return {}
+        record = {"kind": kind, "step": int(step), **{k: (_num(v) if k != "pairs" else int(v)) for k, v in stats.items()},
+                  "time": time.time()}
+        if kind == "dpo_validation":
+            record["val_loss"] = record.get("loss")
+        self._emit(record)
+        if self._tb is not None:
+            for key, value in stats.items():
+                if key != "pairs" and _num(value) is not None:
+                    self._tb.add_scalar(f"{board}/{key}", _num(value), int(step))
         return record
 
     # ------------------------------------------------------------------------------ summary

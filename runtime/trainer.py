@@ -6,6 +6,7 @@ Read top to bottom: the numbered steps are the order in which a plan is applied.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -33,7 +34,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compile", action="store_true", help="torch.compile each block (the plan may ask for it too)")
     ap.add_argument("--log-samples", action="store_true",
                     help="record the global sample numbers of every step in metrics.jsonl (to check resumption)")
-    return ap.parse_args(argv)
+    ap.add_argument("--init", metavar="CKPT_DIR", help="start from the model weights of a checkpoint (a checkpoint, "
+                    "a folder of them or a run folder; not its optimizer or data state; any layout)")
+    dpo = ap.add_argument_group("DPO (plans with job.workload: dpo; see runtime/dpo.py)")
+    dpo.add_argument("--pairs", metavar="DIR", help="preference pairs (`exaplan data pairs`): train/validation.tsv")
+    dpo.add_argument("--beta", type=float, help="DPO temperature beta (default 0.1)")
+    dpo.add_argument("--label-smoothing", type=float, help="label smoothing eps (conservative DPO; default 0)")
+    dpo.add_argument("--reference", metavar="CKPT_DIR", help="reference model weights (default: the initial policy)")
+    dpo.add_argument("--precompute-reference", action="store_true",
+                     help="reference log-probs of every pair computed once (OUT/reference_logps.npz), no reference "
+                          "model in memory during training")
+    dpo.add_argument("--val-pairs", type=int, default=0, help="validate on the first N validation pairs (0: all)")
+    args = ap.parse_args(argv)
+    _check_workload(args)
+    return args
+
+
+def _check_workload(args) -> None:
+    """The plan's workload against the options (here, so that `exaplan run` refuses bad
+    input with exit code 2 before any rank starts)."""
+    from planner.plan import load_plan
+
+    plan = load_plan(args.plan)
+    if plan.job.workload.value == "dpo" or args.pairs or args.reference or args.precompute_reference \
+            or args.beta is not None or args.label_smoothing is not None:
+        from runtime import dpo
+
+        dpo.check_args(args, plan)
+    elif args.init:
+        from runtime.dpo import resolve_checkpoint
+
+        resolve_checkpoint(args.init)
 
 
 def lr_at(step: int, args) -> float:
@@ -45,9 +76,8 @@ def lr_at(step: int, args) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     try:
-        return train(args)
+        return train(parse_args(argv))
     except PlanError as e:
         print(f"exaplan run: error: {e}", file=sys.stderr)
         return 2
@@ -58,17 +88,16 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     import torch.distributed as dist
 
     from planner.plan import load_plan
-    from runtime import checkpoint, data, launch, metrics
+    from runtime import checkpoint, launch, metrics
     from runtime.mesh import build_mesh
-    from runtime.model import loss_fn
     from runtime.parallel import clip_grad_norm_
-    from runtime.parallel.context import shard_sequence
 
     # 1. The plan, and this rank's place in it.
     plan = load_plan(args.plan)
     renv = launch.detect()
     if renv is None:
         raise PlanError("not started by a launcher: use `exaplan run PLAN` (it starts torchrun), srun, mpiexec or torchrun")
+    owns_group = not dist.is_initialized()  # tests start the process group themselves
     device = launch.init_distributed(plan, renv)
     rank = dist.get_rank()
     if device.type == "cpu" and plan.job.precision.value != "fp32" and rank == 0:
@@ -80,29 +109,24 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     # 2. The mesh: pp, dp_replicate, dp_shard, cp, tp (+ flattened dp, dp_shard_cp, dp_cp).
     mesh = build_mesh(plan, device.type)
 
-    # 3-6. The model, parallelised and initialised (build_model, below).
+    # 3-6. The model, parallelised and initialised (build_model, below); --init: its weights.
     parts, handles = build_model(plan, mesh, device, args.seed, compile_blocks=args.compile)
-    runner = None
-    handle = handles[0]
+    if args.init and not args.resume:
+        from runtime.dpo import resolve_checkpoint
+
+        checkpoint.load(resolve_checkpoint(args.init), parts, None, restore_rng=False)
     # One AdamW per model part (interleaved pipelines hold several), stepped together.
     optimizers = [h.build_optimizer(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1) for h in handles]
     optimizer = optimizers[0] if len(optimizers) == 1 else optimizers  # what checkpoints save
 
-    # 7. Data: this data-parallel rank's slice of every global batch (all cp ranks of a
-    #    replica load the same micro-batches; shard_sequence takes this cp rank's tokens).
-    dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
-    cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
-    prepared = data.ensure_prepared(args.data, out / "data", rank=rank)
-    train_set, val_set = data.TokenDataset(prepared, "train"), data.TokenDataset(prepared, "validation")
-    mbs, gas, seq = plan.micro_batch_size, plan.grad_accumulation_steps, plan.job.seq_len
-    loader = data.Loader(train_set, seq_len=seq, micro_batch=mbs, dp_rank=dp_rank, dp_size=dp_size, seed=args.seed,
-                         grad_accumulation=gas)
+    # 7. The task: its data (this data-parallel rank's slice of every global batch), the
+    #    forward and backward of a step, validation. DPO: runtime/dpo.py.
+    if plan.job.workload.value == "dpo":
+        from runtime.dpo import DPOTask
 
-    if plan.mesh.pp > 1:
-        from runtime.parallel.pipeline import build_schedule
-
-        # Stages pass this cp rank's seq / cp tokens.
-        runner = build_schedule(parts, plan, mesh["pp"], device, gas, loss_fn, (mbs, seq // cp_size))
+        task = DPOTask(args, plan, mesh, device, parts, handles, out, build_model)
+    else:
+        task = _Pretrain(args, plan, mesh, device, parts, handles, out, rank)
 
     # 8. Resume: model, optimizer, data position, RNG (reshards to this layout).
     start_step = 0
@@ -112,7 +136,7 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
         if latest is None:
             raise PlanError(f"--resume: no complete checkpoint in {ckpt_dir}", field="resume")
         extra = checkpoint.load(latest, parts, optimizer, seed=args.seed)
-        loader.load_state_dict(extra["data"])
+        task.load_state_dict(extra["data"])
         start_step = int(extra["step"])
 
     if not args.resume and rank == 0:
@@ -125,45 +149,25 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
             shutil.copyfile(args.plan, out / "plan.yaml")
     writer = metrics.MetricsWriter(out, plan, enabled=rank == 0, device=device)
     if args.io_mode == "io-only":
-        result = data.measure_io(loader, args.steps * gas)
+        from runtime import data
+
+        result = data.measure_io(task.loader, args.steps * plan.grad_accumulation_steps)
         if rank == 0:
             print(f"io-only: {result}")
-        dist.destroy_process_group()
+        if owns_group:
+            dist.destroy_process_group()
         return 0
-    fixed_batch = loader.next_microbatch().to(device) if args.io_mode == "synthetic" else None
 
     # 9. Train: micro-batches accumulate without synchronising until the last one.
-    seen: list[int] = []  # global sample numbers of this step on this rank
-
-    def next_batch():
-        if fixed_batch is not None:
-            return fixed_batch
-        batch = loader.next_microbatch()
-        seen.extend(int(i) for i in loader.last_indices)
-        return batch.to(device)
-
-    def run_step() -> float:
-        seen.clear()
-        if runner is not None:
-            batch = torch.cat([next_batch() for _ in range(gas)])
-            return float(runner.step(*shard_sequence(batch, cp_rank, cp_size)))
-        total = 0.0
-        for i in range(gas):
-            batch = next_batch()
-            ctx = handle.no_sync() if i < gas - 1 else _nullcontext()
-            with ctx:
-                inputs, targets = shard_sequence(batch, cp_rank, cp_size)  # the whole when cp = 1
-                loss = loss_fn(parts[0](inputs), targets) / gas
-                loss.backward()
-            total += float(loss.detach())
-        return total
+    def save(step: int) -> None:
+        checkpoint.save(ckpt_dir, step, parts, optimizer, {"data": task.state_dict(), "step": step, "seed": args.seed})
 
     for step in range(start_step, args.steps):
         for opt in optimizers:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, args)
         t0 = time.perf_counter()
-        loss = run_step()
+        task.step()
         t1 = time.perf_counter()  # on GPUs the phases are launch times; the step time is synchronised
         grad_norm = clip_grad_norm_(handles, 1.0)
         t2 = time.perf_counter()
@@ -174,26 +178,138 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
             torch.cuda.synchronize()
         step_time = time.perf_counter() - t0
         phases = {"forward_backward_s": t1 - t0, "clip_s": t2 - t1, "optimizer_s": t0 + step_time - t2}
-        loss = _global_loss(loss, mesh, device)
+        loss, stats = task.step_metrics()  # the global batch's loss (and the DPO metrics)
         peak = _max_over_ranks(metrics.peak_memory_bytes(device), device)
-        writer.log_step(step, loss, plan.job.global_batch * seq, step_time, peak, lr_at(step, args), grad_norm,
-                         phases=phases)
+        writer.log_step(step, loss, task.tokens_per_step, step_time, peak, lr_at(step, args), grad_norm, phases=phases)
+        if stats:
+            writer.log_dpo_step(step, stats)
         if args.log_samples:
-            _log_samples(writer, step, seen, mesh)
+            _log_samples(writer, step, task.seen, mesh)
         _fault_injection(step, rank)
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
-            print(f"step {step:5d}  loss {loss:.4f}  {step_time * 1e3:8.1f} ms/step", flush=True)
+            more = f"  reward acc {stats['reward_accuracy']:.3f}  margin {stats['reward_margin']:+.4f}" if stats else ""
+            print(f"step {step:5d}  loss {loss:.4f}{more}  {step_time * 1e3:8.1f} ms/step", flush=True)
         if args.val_every and (step + 1) % args.val_every == 0 and step + 1 < args.steps:
-            writer.log_validation(step, _validate(parts, runner, val_set, plan, args, device, mesh))
+            _log_validation(writer, step, task.validate())
         if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
-            checkpoint.save(ckpt_dir, step + 1, parts, optimizer, {"data": loader.state_dict(), "step": step + 1, "seed": args.seed})
+            save(step + 1)
 
-    # 10. The end: last checkpoint, validation loss, measured against predicted.
-    val_loss = _validate(parts, runner, val_set, plan, args, device, mesh)
-    checkpoint.save(ckpt_dir, args.steps, parts, optimizer, {"data": loader.state_dict(), "step": args.steps, "seed": args.seed})
-    writer.finish({"val_loss": val_loss})
-    dist.destroy_process_group()
+    # 10. The end: last checkpoint, validation, measured against predicted.
+    val = task.validate()
+    if isinstance(val, dict):  # DPO: the final metrics get their own record (pretraining: summary only)
+        writer.log_dpo_validation(args.steps - 1, val)
+    save(args.steps)
+    writer.finish(_final_summary(val))
+    if owns_group:
+        dist.destroy_process_group()
     return 0
+
+
+def _log_validation(writer, step: int, val) -> None:
+    if val is None:  # DPO without validation pairs
+        return
+    if isinstance(val, dict):
+        writer.log_dpo_validation(step, val)
+    else:
+        writer.log_validation(step, val)
+
+
+def _final_summary(val) -> dict:
+    if isinstance(val, dict):  # DPO: the validation pairs' metrics
+        return {"val_loss": val["loss"], **{f"val_{k}": v for k, v in val.items() if k != "loss"}}
+    return {"val_loss": val}
+
+
+class _Pretrain:
+    """Next-token pretraining: the loader over the prepared sequences, the forward and
+    backward of a step (through the pipeline schedule when pp > 1), the validation loss."""
+
+    def __init__(self, args, plan, mesh, device, parts, handles, out: Path, rank: int):
+        from runtime import data
+        from runtime.model import loss_fn
+
+        self.args, self.plan, self.mesh, self.device, self.parts, self.handles = args, plan, mesh, device, parts, handles
+        # All cp ranks of a replica load the same micro-batches; shard_sequence takes this cp rank's tokens.
+        self.cp_rank, self.cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
+        prepared = data.ensure_prepared(args.data, out / "data", rank=rank)
+        self.val_set = data.TokenDataset(prepared, "validation")
+        mbs, self.gas, seq = plan.micro_batch_size, plan.grad_accumulation_steps, plan.job.seq_len
+        self.loader = data.Loader(data.TokenDataset(prepared, "train"), seq_len=seq, micro_batch=mbs,
+                                  dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=args.seed,
+                                  grad_accumulation=self.gas)
+        self.tokens_per_step = plan.job.global_batch * seq
+        self.runner = None
+        if plan.mesh.pp > 1:
+            from runtime.parallel.pipeline import build_schedule
+
+            # Stages pass this cp rank's seq / cp tokens.
+            self.runner = build_schedule(parts, plan, mesh["pp"], device, self.gas, loss_fn,
+                                         (mbs, seq // self.cp_size))
+        self.fixed_batch = None  # io-mode synthetic: one batch, reused
+        self.seen: list[int] = []  # global sample numbers of this step on this rank
+        self._loss = 0.0  # this rank's loss of the last step
+
+    def state_dict(self) -> dict:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(state)
+
+    def _next_batch(self):
+        if self.args.io_mode == "synthetic":
+            if self.fixed_batch is None:
+                self.fixed_batch = self.loader.next_microbatch().to(self.device)
+            return self.fixed_batch
+        batch = self.loader.next_microbatch()
+        self.seen.extend(int(i) for i in self.loader.last_indices)
+        return batch.to(self.device)
+
+    def step(self) -> None:
+        import torch
+
+        from runtime.model import loss_fn
+        from runtime.parallel.context import shard_sequence
+
+        self.seen.clear()
+        if self.runner is not None:
+            batch = torch.cat([self._next_batch() for _ in range(self.gas)])
+            self._loss = float(self.runner.step(*shard_sequence(batch, self.cp_rank, self.cp_size)))
+            return
+        self._loss = 0.0
+        for i in range(self.gas):
+            batch = self._next_batch()
+            with self.handles[0].no_sync() if i < self.gas - 1 else contextlib.nullcontext():
+                inputs, targets = shard_sequence(batch, self.cp_rank, self.cp_size)  # the whole when cp = 1
+                part = loss_fn(self.parts[0](inputs), targets) / self.gas
+                part.backward()
+            self._loss += float(part.detach())
+
+    def step_metrics(self) -> tuple[float, None]:
+        return _global_loss(self._loss, self.mesh, self.device), None
+
+    def validate(self) -> float:
+        """Mean loss over `val_batches` global batches of validation samples (no gradients): the
+        same samples whatever the layout, split over the data-parallel ranks as in training."""
+        import torch
+
+        from runtime import data
+        from runtime.model import loss_fn
+        from runtime.parallel.context import shard_sequence
+
+        plan, mesh = self.plan, self.mesh
+        loader = data.Loader(self.val_set, seq_len=plan.job.seq_len, micro_batch=plan.micro_batch_size,
+                             dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=1234,
+                             grad_accumulation=self.gas)
+        losses = []
+        with torch.no_grad():
+            for _ in range(self.args.val_batches * self.gas):
+                batch = loader.next_microbatch().to(self.device)
+                inputs, targets = shard_sequence(batch, self.cp_rank, self.cp_size)
+                if self.runner is not None:
+                    losses.append(self.runner.evaluate(inputs, targets))
+                else:
+                    losses.append(float(loss_fn(self.parts[0](inputs), targets)))
+        return _global_loss(sum(losses) / len(losses), mesh, self.device)
 
 
 def build_model(plan, mesh, device, seed: int, compile_blocks: bool = False):
@@ -234,14 +350,6 @@ def build_model(plan, mesh, device, seed: int, compile_blocks: bool = False):
         init_weights(part, spec, seed)
         part.setup_rope(device)
     return parts, handles
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _log_samples(writer, step: int, seen: list[int], mesh) -> None:
@@ -286,31 +394,6 @@ def _max_over_ranks(value: int, device) -> int:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t)
-
-
-def _validate(parts, runner, val_set, plan, args, device, mesh) -> float:
-    """Mean loss over `val_batches` global batches of validation samples (no gradients): the
-    same samples whatever the layout, split over the data-parallel ranks as in training."""
-    import torch
-
-    from runtime import data
-    from runtime.model import loss_fn
-    from runtime.parallel.context import shard_sequence
-
-    cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
-    loader = data.Loader(val_set, seq_len=plan.job.seq_len, micro_batch=plan.micro_batch_size,
-                         dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=1234,
-                         grad_accumulation=plan.grad_accumulation_steps)
-    losses = []
-    with torch.no_grad():
-        for _ in range(args.val_batches * plan.grad_accumulation_steps):
-            batch = loader.next_microbatch().to(device)
-            inputs, targets = shard_sequence(batch, cp_rank, cp_size)
-            if runner is not None:
-                losses.append(runner.evaluate(inputs, targets))
-            else:
-                losses.append(float(loss_fn(parts[0](inputs), targets)))
-    return _global_loss(sum(losses) / len(losses), mesh, device)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,483 @@
+"""Direct Preference Optimisation (Rafailov et al. 2023) in the runtime: `exaplan run PLAN
+--pairs DIR` with a plan whose job.workload is `dpo`.
+
+Objective. For a pair (chosen c, rejected r) of sequences, with the policy's and the frozen
+reference model's sequence log-probabilities pi and ref (sum over the non-pad target tokens
+of log p(token), next-token log-softmax in fp32):
+
+    z    = beta * ((pi_c - ref_c) - (pi_r - ref_r))
+    loss = -(1 - eps) * logsigmoid(z) - eps * logsigmoid(-z)      (eps: label smoothing)
+
+averaged over the pairs of the global batch. Metrics per step and per validation: loss,
+reward accuracy (the chosen implicit reward beta (pi_c - ref_c) strictly above the rejected
+one; ties, e.g. at the start when policy = reference, count as wrong), reward margin, mean
+rewards, the policy's mean log-probabilities and its log-probability accuracy (pi_c > pi_r:
+does the policy alone prefer the chosen sequence; this is comparable before and after tuning).
+
+Batches. The global batch and the plan's micro-batch size count PAIRS: a micro-batch of mbs
+pairs is one forward of 2 mbs sequences (mbs chosen, then their mbs rejected), so pipeline,
+tensor, context and data parallelism all see an ordinary batch of sequences. A sequence is
+framed as in pretraining, `<bos> residues <eos>`, padded with <pad> to seq_len + 1 tokens
+(inputs [:-1], targets [1:]); longer ones are refused.
+
+Layouts. Every layout kind of the pretraining runtime works: the loss is a function of the
+logits of one micro-batch and the reference log-probabilities of its pairs.
+  * context parallelism: each cp rank sums the log-probabilities of its slice of the
+    sequence; `_SumOverCP` adds them over the cp group (backward: the sum of the gradients,
+    which the mean over dp x cp of the gradient reduction turns back into the gradient of
+    the loss);
+  * pipelines: the schedule computes the loss on the last stage from (logits, target) of a
+    micro-batch, so the target tensor carries one extra column, the reference
+    log-probability of each sequence as the bits of a float64 (`_encode`): it is split into
+    micro-batches together with the targets. The reference model runs its own pipeline
+    (forward only, PipelineRunner.evaluate) before the policy's step.
+  * the reference model is built by the trainer's own build_model (same mesh, same sharding,
+    same seed), frozen (requires_grad False, eval, torch.no_grad). With
+    --precompute-reference it runs once over all train and validation pairs (spread over the
+    data-parallel ranks, gathered to every rank), the table is stored in
+    OUT/reference_logps.npz under a hash of the pairs and of the reference weights' origin,
+    reused on resume, and the reference model is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from planner.errors import PlanError
+from planner.vocab import PAD_ID
+from runtime.data import _StepCounter
+from runtime.fasta import encode
+from runtime.parallel.context import shard_sequence
+
+DEFAULT_BETA = 0.1
+REFERENCE_FILE = "reference_logps.npz"
+# Sums over pairs, in this order (stats tensors); "pairs" is the count.
+STAT_KEYS = ("loss", "reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward", "chosen_logp",
+             "rejected_logp", "logp_accuracy", "pairs")
+
+
+# --------------------------------------------------------------------------------------------
+# The objective
+# --------------------------------------------------------------------------------------------
+
+
+def sequence_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over the non-pad targets of log p(target): logits [b, s, V], targets [b, s] -> [b], fp32."""
+    nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1), ignore_index=PAD_ID, reduction="none")
+    return -nll.view(targets.shape).sum(dim=1)
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, beta: float = DEFAULT_BETA, label_smoothing: float = 0.0
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair DPO losses [n] and the sums over the pairs of STAT_KEYS (float64, detached)."""
+    chosen = policy_chosen - ref_chosen
+    rejected = policy_rejected - ref_rejected
+    z = beta * (chosen - rejected)
+    losses = -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
+    with torch.no_grad():
+        cr, rr = beta * chosen.double(), beta * rejected.double()
+        stats = torch.stack([losses.double().sum(), (cr > rr).double().sum(), (cr - rr).sum(), cr.sum(), rr.sum(),
+                             policy_chosen.double().sum(), policy_rejected.double().sum(),
+                             (policy_chosen > policy_rejected).double().sum(),
+                             torch.tensor(float(losses.numel()), dtype=torch.float64, device=losses.device)])
+    return losses, stats
+
+
+def mean_stats(sums: torch.Tensor) -> dict[str, float]:
+    """STAT_KEYS sums -> means over the pairs (and the pair count)."""
+    n = float(sums[-1])
+    out = {k: (float(v) / n if n else float("nan")) for k, v in zip(STAT_KEYS[:-1], sums[:-1])}
+    out["pairs"] = int(n)
+    return out
+
+
+class _SumOverCP(torch.autograd.Function):
+    """All-reduce (sum) over the cp group; backward: all-reduce (sum) of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        y = x.clone()
+        dist.all_reduce(y, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def _encode(targets: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """targets [rows, s] int64 plus one column: ref [rows] as the bits of float64 values."""
+    return torch.cat([targets, ref.detach().double().view(torch.int64)[:, None]], dim=1)
+
+
+def _decode(target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return target[:, :-1], target[:, -1].contiguous().view(torch.float64).float()
+
+
+# --------------------------------------------------------------------------------------------
+# Pairs
+# --------------------------------------------------------------------------------------------
+
+
+def read_pairs(dir: str | os.PathLike, split: str) -> list[tuple[str, str]]:
+    """(chosen, rejected) residue strings of one split of an `exaplan data pairs` directory."""
+    from runtime.pairs import read_pairs as read_split
+
+    return [(p.chosen, p.rejected) for p in read_split(dir, split)]
+
+
+@dataclass
+class PairSet:
+    """One split's pairs as tokens: uint8 [n, 2 (chosen, rejected), seq_len + 1], <pad>-filled."""
+
+    tokens: np.ndarray
+    seq_len: int
+    fingerprint: str
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def batch(self, idx) -> torch.Tensor:
+        """LongTensor [2 len(idx), seq_len + 1]: the chosen sequences of the pairs, then their rejected."""
+        rows = self.tokens[np.asarray(idx)]
+        return torch.from_numpy(np.concatenate([rows[:, 0], rows[:, 1]]).astype(np.int64))
+
+
+def encode_pairs(pairs: list[tuple[str, str]], seq_len: int, where: str = "pairs") -> PairSet:
+    """Tokenise pairs for a plan of sequence length `seq_len`; PlanError (naming the pair) for a
+    sequence longer than seq_len - 1 residues or outside the alphabet."""
+    out = np.full((len(pairs), 2, seq_len + 1), PAD_ID, dtype=np.uint8)
+    for i, pair in enumerate(pairs):
+        for j, seq in enumerate(pair):
+            try:
+                toks = encode(seq)
+            except PlanError as e:
+                raise PlanError(f"{where}, pair {i + 1}: {e}", field="--pairs") from None
+            if len(toks) > seq_len + 1:
+                which = ("chosen", "rejected")[j]
+                raise PlanError(f"{where}, pair {i + 1}: the {which} sequence has {len(toks) - 2} residues; the plan's "
+                                f"seq_len {seq_len} holds at most {seq_len - 1} (<bos> residues <eos>)", field="--pairs")
+            out[i, j, :len(toks)] = toks
+    digest = hashlib.sha256(out.tobytes() + str(seq_len).encode()).hexdigest()[:16]
+    return PairSet(out, seq_len, digest)
+
+
+def load_pair_sets(dir: str | os.PathLike, seq_len: int) -> tuple[PairSet, PairSet]:
+    """(train, validation) of a pairs directory, tokenised; PlanError for bad input."""
+    train = encode_pairs(read_pairs(dir, "train"), seq_len, f"{dir}/train")
+    if len(train) == 0:
+        raise PlanError(f"{dir}: the train split holds no pairs", field="--pairs")
+    return train, encode_pairs(read_pairs(dir, "validation"), seq_len, f"{dir}/validation")
+
+
+class PairLoader(_StepCounter):
+    """This data-parallel rank's micro-batches of pairs, resumable like runtime.data.Loader
+    (the same global-sample bookkeeping: one global stream of pairs, each epoch its own
+    deterministic shuffle, rank r takes the r-th slice of every global batch).
+
+    next_microbatch() -> (LongTensor [2 mbs, seq_len + 1], pair indices [mbs])."""
+
+    def __init__(self, pairs: PairSet, micro_batch: int, dp_rank: int, dp_size: int, seed: int,
+                 grad_accumulation: int = 1):
+        self._init_layout(pairs.seq_len, micro_batch, dp_rank, dp_size, grad_accumulation, seed)
+        self.pairs = pairs
+        self._orders: dict[int, np.ndarray] = {}
+
+    def _stream_key(self) -> dict[str, Any]:
+        return {"seed": self.seed, "mode": "pairs", "seq_len": self.seq_len, "dataset": self.pairs.fingerprint}
+
+    def pair_indices(self, samples: np.ndarray) -> np.ndarray:
+        n = len(self.pairs)
+        out = np.empty(len(samples), dtype=np.int64)
+        for k, g in enumerate(samples):
+            e, j = divmod(int(g), n)
+            if e not in self._orders:
+                rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, e, 17])))
+                self._orders = {e: rng.permutation(n)}  # one epoch at a time (a step spans at most two)
+            out[k] = self._orders[e][j]
+        return out
+
+    def next_microbatch(self) -> tuple[torch.Tensor, np.ndarray]:
+        idx = self.pair_indices(self._next_indices())
+        return self.pairs.batch(idx), idx
+
+
+# --------------------------------------------------------------------------------------------
+# The command line: checked before any rank starts
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder, a folder of checkpoints, or a run folder (its checkpoints/)."""
+    from runtime import checkpoint
+
+    p = Path(path)
+    if (p / "checkpoints").is_dir():
+        p = p / "checkpoints"
+    return checkpoint.resolve(p)
+
+
+def check_args(args, plan) -> None:
+    """Refuse what does not fit: a dpo plan without --pairs, DPO options with a pretraining
+    plan, pairs longer than the plan's sequence, bad beta / label smoothing / checkpoints."""
+    from planner.specs import Workload
+
+    dpo_only = [flag for flag, given in (("--pairs", args.pairs), ("--reference", args.reference),
+                                         ("--precompute-reference", args.precompute_reference),
+                                         ("--beta", args.beta is not None),
+                                         ("--label-smoothing", args.label_smoothing is not None)) if given]
+    if plan.job.workload != Workload.dpo:
+        if dpo_only:
+            raise PlanError(f"{', '.join(dpo_only)}: DPO options, but {args.plan} is a {plan.job.workload.value} plan "
+                            "(job.workload: dpo trains on preference pairs)", field=dpo_only[0])
+        return
+    if not args.pairs:
+        raise PlanError(f"{args.plan} is a dpo plan (job.workload: dpo): give the preference pairs with --pairs DIR "
+                        "(made by `exaplan data pairs`)", field="--pairs")
+    if args.io_mode != "real":
+        raise PlanError("DPO reads its pairs: --io-mode synthetic / io-only are for pretraining", field="--io-mode")
+    if args.data:
+        raise PlanError("DPO reads --pairs; --data is for pretraining", field="--data")
+    beta = DEFAULT_BETA if args.beta is None else args.beta
+    if not beta > 0:
+        raise PlanError(f"must be positive, got {beta}", field="--beta")
+    eps = args.label_smoothing or 0.0
+    if not 0 <= eps < 0.5:
+        raise PlanError(f"must be in [0, 0.5), got {eps}", field="--label-smoothing")
+    for flag, path in (("--init", args.init), ("--reference", args.reference)):
+        if path:
+            try:
+                resolve_checkpoint(path)
+            except PlanError as e:
+                raise PlanError(str(e), field=flag) from None
+    load_pair_sets(args.pairs, plan.job.seq_len)
+
+
+# --------------------------------------------------------------------------------------------
+# Training: what the trainer's loop calls
+# --------------------------------------------------------------------------------------------
+
+
+class DPOTask:
+    """The DPO side of `runtime.trainer.train`: step() runs one optimizer step's forward and
+    backward (gradients left for the trainer's clip and optimizer), validate() the held-out
+    pairs; state_dict() is the pair loader's position for checkpoints."""
+
+    def __init__(self, args, plan, mesh, device, parts, handles, out: Path, build_model):
+        from runtime.parallel.pipeline import build_schedule
+
+        self.args, self.plan, self.mesh, self.device, self.parts, self.handles = args, plan, mesh, device, parts, handles
+        self.beta = DEFAULT_BETA if args.beta is None else args.beta
+        self.eps = args.label_smoothing or 0.0
+        self.mbs, self.gas, self.seq = plan.micro_batch_size, plan.grad_accumulation_steps, plan.job.seq_len
+        self.dp_rank, self.dp = mesh["dp"].get_local_rank(), mesh["dp"].size()
+        self.cp_rank, self.cp = mesh["cp"].get_local_rank(), mesh["cp"].size()
+        self.cp_group = mesh["cp"].get_group() if self.cp > 1 else None
+        self.train_set, self.val_set = load_pair_sets(args.pairs, self.seq)
+        self.loader = PairLoader(self.train_set, self.mbs, self.dp_rank, self.dp, args.seed, self.gas)
+        self.tokens_per_step = 2 * plan.job.global_batch * self.seq
+        self.seen: list[int] = []
+        self._stats = torch.zeros(len(STAT_KEYS), dtype=torch.float64)
+        self._captured: torch.Tensor | None = None
+
+        def schedule(model_parts):
+            if plan.mesh.pp == 1:
+                return None
+            return build_schedule(model_parts, plan, mesh["pp"], device, self.gas, self._stage_loss,
+                                  (2 * self.mbs, self.seq // self.cp))
+
+        self.runner = schedule(parts)
+        last = self.runner is None or self.runner.has_last
+        # One rank per data-parallel replica holds the replica's statistics: the last stage's
+        # first tp and cp rank (the others hold copies of them).
+        self.owner = last and mesh["tp"].get_local_rank() == 0 and self.cp_rank == 0
+
+        # The reference: a frozen copy of the initial policy (or of --reference), same layout.
+        self.ref_parts = self.ref_runner = None
+        self.ref_table: dict[str, torch.Tensor] | None = None
+        source = args.reference or args.init
+        key = self._reference_key(source)
+        path = out / REFERENCE_FILE
+        if args.precompute_reference:
+            self.ref_table = self._load_table(path, key)
+        if self.ref_table is None:
+            self.ref_parts, _ = build_model(plan, mesh, device, args.seed)
+            if source:
+                from runtime import checkpoint
+
+                checkpoint.load(resolve_checkpoint(source), self.ref_parts, None, restore_rng=False)
+            for part in self.ref_parts:
+                part.requires_grad_(False)
+                part.eval()
+            self.ref_runner = schedule(self.ref_parts)
+            if args.precompute_reference:
+                with torch.no_grad():
+                    self.ref_table = {"train": self._all_logps(self.ref_parts, self.ref_runner, self.train_set),
+                                      "validation": self._all_logps(self.ref_parts, self.ref_runner, self.val_set)}
+                if dist.get_rank() == 0:
+                    _save_table(path, key, self.ref_table)
+                self.ref_parts = self.ref_runner = None  # no reference model kept in memory
+
+    # ------------------------------------------------------------------------- forward
+
+    def _stage_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The pipeline's loss: target with the reference column (_encode): the DPO loss of
+        the micro-batch; plain targets (PipelineRunner.evaluate): capture the log-probs."""
+        if target.shape[1] == logits.shape[1]:
+            self._captured = self._cp_sum(sequence_logps(logits, target))
+            return self._captured.sum()
+        targets, ref = _decode(target)
+        return self._loss(self._cp_sum(sequence_logps(logits, targets)), ref)
+
+    def _cp_sum(self, logps: torch.Tensor) -> torch.Tensor:
+        return logps if self.cp_group is None else _SumOverCP.apply(logps, self.cp_group)
+
+    def _loss(self, logps: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        """Mean DPO loss of a micro-batch (chosen rows first); its statistics are added up."""
+        n = logps.shape[0] // 2
+        losses, stats = dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], self.beta, self.eps)
+        if self.owner:
+            self._stats += stats.cpu()
+        return losses.mean()
+
+    def _logps(self, parts, runner, batch: torch.Tensor) -> torch.Tensor | None:
+        """Sequence log-probs [rows] of a batch [rows, seq + 1], forward only (on the last
+        pipeline stage; None on the others)."""
+        inputs, targets = shard_sequence(batch.to(self.device), self.cp_rank, self.cp)
+        if runner is None:
+            return self._cp_sum(sequence_logps(parts[0](inputs), targets))
+        self._captured = None
+        runner.evaluate(inputs, targets)
+        return self._captured
+
+    def _reference(self, batch: torch.Tensor, idx: np.ndarray, split: str) -> torch.Tensor | None:
+        if self.ref_table is not None:
+            table = self.ref_table[split][torch.from_numpy(idx)]
+            return torch.cat([table[:, 0], table[:, 1]]).float().to(self.device)
+        with torch.no_grad():
+            return self._logps(self.ref_parts, self.ref_runner, batch)
+
+    # ----------------------------------------------------------------------------- step
+
+    def step(self) -> None:
+        """One optimizer step's forward and backward (the gradients are left for the trainer)."""
+        self.seen.clear()
+        self._stats.zero_()
+        batches = []
+        for _ in range(self.gas):
+            batch, idx = self.loader.next_microbatch()
+            self.seen.extend(int(i) for i in self.loader.last_indices)
+            batches.append((batch, self._reference(batch, idx, "train")))
+        if self.runner is not None:
+            inputs, targets = shard_sequence(torch.cat([b for b, _ in batches]).to(self.device), self.cp_rank, self.cp)
+            kwargs = {}
+            if self.runner.has_last:
+                kwargs = {"target": _encode(targets, torch.cat([r for _, r in batches])), "losses": []}
+            self.runner.schedule.step(*((inputs,) if self.runner.has_first else ()), return_outputs=False, **kwargs)
+        else:
+            for i, (batch, ref) in enumerate(batches):
+                inputs, targets = shard_sequence(batch.to(self.device), self.cp_rank, self.cp)
+                with self.handles[0].no_sync() if i < self.gas - 1 else contextlib.nullcontext():
+                    logps = self._cp_sum(sequence_logps(self.parts[0](inputs), targets))
+                    (self._loss(logps, ref) / self.gas).backward()
+
+    def step_metrics(self) -> tuple[float, dict[str, float]]:
+        """The last step's mean loss over the global batch's pairs, and its metrics."""
+        stats = mean_stats(self._reduce(self._stats))
+        return stats["loss"], stats
+
+    def _reduce(self, sums: torch.Tensor) -> torch.Tensor:
+        t = sums.to(self.device)
+        dist.all_reduce(t)  # owners only hold non-zero sums: one per data-parallel replica
+        return t.cpu()
+
+    # ----------------------------------------------------------------------- validation
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float] | None:
+        """DPO metrics over the validation pairs (the first --val-pairs of them when given)."""
+        pairs = self.val_set
+        if self.args.val_pairs:
+            pairs = PairSet(pairs.tokens[: self.args.val_pairs], pairs.seq_len, pairs.fingerprint)
+        if len(pairs) == 0:
+            return None
+        policy = self._all_logps(self.parts, self.runner, pairs)
+        if self.ref_table is not None:
+            ref = self.ref_table["validation"][: len(pairs)]
+        else:
+            ref = self._all_logps(self.ref_parts, self.ref_runner, pairs)
+        _, sums = dpo_loss(policy[:, 0].float(), policy[:, 1].float(), ref[:, 0].float(), ref[:, 1].float(),
+                           self.beta, self.eps)
+        return mean_stats(sums)
+
+    def _all_logps(self, parts, runner, pairs: PairSet) -> torch.Tensor:
+        """Sequence log-probs [n, 2] (chosen, rejected) of every pair, on every rank: the pairs
+        are spread over the data-parallel ranks in micro-batches of mbs pairs (the last ones
+        filled up with pair 0, whose results are dropped), then summed over the world."""
+        n, mbs = len(pairs), self.mbs
+        out = torch.zeros(n, 2, dtype=torch.float64)
+        for start in range(0, n, self.dp * mbs):
+            idx = np.arange(start + self.dp_rank * mbs, start + (self.dp_rank + 1) * mbs)
+            valid = idx < n
+            logps = self._logps(parts, runner, pairs.batch(np.where(valid, idx, 0)))
+            if self.owner:
+                logps = logps.double().cpu()
+                keep = torch.from_numpy(idx[valid])
+                out[keep, 0] = logps[:mbs][torch.from_numpy(valid)]
+                out[keep, 1] = logps[mbs:][torch.from_numpy(valid)]
+        return self._reduce(out)
+
+    # ---------------------------------------------------------------- state, reference file
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def _reference_key(self, source: str | None) -> str:
+        """Hash of what the reference log-probs depend on: the pairs, the model, and where the
+        reference weights come from (the seed, or the checkpoint's metadata)."""
+        h = hashlib.sha256()
+        h.update(json.dumps({"model": self.plan.model.model_dump(mode="json"), "seq_len": self.seq,
+                             "seed": None if source else self.args.seed,
+                             "pairs": [self.train_set.fingerprint, self.val_set.fingerprint]}, sort_keys=True).encode())
+        if source:
+            ckpt = resolve_checkpoint(source)
+            for name in ("meta.json", ".metadata"):
+                h.update((ckpt / name).read_bytes())
+        return h.hexdigest()
+
+    def _load_table(self, path: Path, key: str) -> dict[str, torch.Tensor] | None:
+        """The stored table when it was made for `key` (rank 0 decides for everyone)."""
+        ok = [False]
+        if dist.get_rank() == 0 and path.is_file():
+            with np.load(path) as f:
+                ok = [str(f["key"]) == key]
+        dist.broadcast_object_list(ok, src=0)
+        if not ok[0]:
+            return None
+        with np.load(path) as f:
+            return {"train": torch.from_numpy(f["train"]), "validation": torch.from_numpy(f["validation"])}
+
+
+def _save_table(path: Path, key: str, table: dict[str, torch.Tensor]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez(tmp, key=np.array(key), train=table["train"].numpy(), validation=table["validation"].numpy())
+    os.replace(tmp, path)
