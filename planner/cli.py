@@ -39,6 +39,12 @@ def _common(p: argparse.ArgumentParser, nodes_required: bool = False) -> None:
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
     p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="compute precision (default: bf16 on GPUs, fp32 on CPUs); accumulation and reduction are fp32")
     p.add_argument("--token-budget", type=float, help="tokens to train on, for time-to-train (default 1e9)")
+    p.add_argument("--workload", choices=["pretrain", "dpo"], default="pretrain",
+                   help="pretrain (next-token loss), or dpo: preference tuning on (chosen, rejected) pairs; the global "
+                        "batch counts pairs, both sequences run through the policy, plus a frozen reference model")
+    p.add_argument("--reference", choices=["in-step", "precomputed"], default="in-step",
+                   help="dpo: the reference model runs its forward passes in every step and is held in memory "
+                        "(in-step, default), or its log-probabilities were precomputed once (exaplan run --precompute-reference)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
@@ -153,7 +159,8 @@ def _inputs(args, world_nodes: int | None = None):
     if args.nodes is not None and args.nodes <= 0:
         raise PlanError("must be a positive number of nodes", field="nodes")
     world = args.nodes * machine.devices_per_node
-    job = make_job(model, machine, world, args.global_batch, args.seq_len, args.precision, args.token_budget)
+    job = make_job(model, machine, world, args.global_batch, args.seq_len, args.precision, args.token_budget,
+                   args.workload, args.reference)
     return model, machine, job
 
 
@@ -275,7 +282,8 @@ def cmd_estimate(args) -> int:
     from planner.cost.step import evaluate
     from planner.emit import build_plan
     from planner.plan import write_plan
-    from planner.report import breakdown_table, layout_label, memory_table
+    from planner.cost.flops import step_flops
+    from planner.report import breakdown_table, flops_text, layout_label, memory_table
     from planner.search.space import layout_problems
 
     for name in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
@@ -293,13 +301,15 @@ def cmd_estimate(args) -> int:
         plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=shlex.join(["exaplan", *sys.argv[1:]]))
         write_plan(plan, args.output)
     if args.json:
-        print(json.dumps(dict(layout=layout_label(lay, 0), **_estimate_json(ev, 0)), indent=2))
+        print(json.dumps(dict(layout=layout_label(lay, 0), **_estimate_json(ev, 0),
+                              flops_per_step=step_flops(model, job), workload=job.workload.value), indent=2))
         return 0
     console = _console(args)
     console.print(f"[b]{model.name}[/b] on {args.nodes} x {machine.name}: {layout_label(lay, 0)}")
     console.print(f"{ev.tokens_per_s[0]:,.0f} tokens/s, {ev.model_tflops_per_device[0]:.1f} model TFLOP/s per device "
                   f"({ev.hardware_tflops_per_device[0]:.1f} hardware), MFU {ev.mfu[0]:.1%}, time to train "
                   f"{job.token_budget:.3g} tokens {ev.time_to_train_days[0]:.2f} days")
+    console.print(flops_text(model, job, ev, 0))
     console.print(breakdown_table(ev, 0))
     console.print(memory_table(ev, 0, machine.device_memory_gib))
     if args.output:
@@ -357,7 +367,8 @@ def cmd_capacity(args) -> int:
         counts = default_node_counts(machine)
 
     def job_for(world: int):
-        return make_job(model, machine, world, args.global_batch, args.seq_len, args.precision, args.tokens)
+        return make_job(model, machine, world, args.global_batch, args.seq_len, args.precision, args.tokens,
+                        args.workload, args.reference)
 
     if args.json:
         rows = sweep(model, machine, job_for, counts)

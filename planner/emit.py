@@ -152,6 +152,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
             parameters_gib=float(mem.parameters[i] / GIB), gradients_gib=float(mem.gradients[i] / GIB),
             optimizer_gib=float(mem.optimizer[i] / GIB), activations_gib=float(mem.activations[i] / GIB),
             buffers_gib=float(mem.buffers[i] / GIB), reserve_gib=float(mem.reserve[i] / GIB),
+            reference_gib=float(np.broadcast_to(np.asarray(mem.reference, dtype=np.float64), mem.total.shape)[i] / GIB),
         ),
         fits=bool(mem.fits[i]),
         tokens_per_s=float(ev.tokens_per_s[i]),
@@ -159,6 +160,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         hardware_tflops_per_device=float(ev.hardware_tflops_per_device[i]),
         mfu=float(ev.mfu[i]),
         time_to_train_days=float(ev.time_to_train_days[i]),
+        model_flops_per_step=flops.step_flops(model, job)["executed"], six_n_flops_per_step=flops.step_flops(model, job)["six_n"],
     )
     plan = Plan(
         model=model, machine=machine, job=job, nodes=nodes, ranks_per_node=machine.devices_per_node, mesh=mesh,

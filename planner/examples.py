@@ -21,6 +21,12 @@ EXAMPLES = {
     "protein-3.5b_pdx_400n.yaml": "--model protein-3.5b --machine pdx --nodes 400",
     "protein-7b_dgx-h100_16n.yaml": "--model protein-7b --machine dgx-h100 --nodes 16 --global-batch 1024",
     "protein-70b_frontier_64n.yaml": "--model protein-70b --machine frontier --nodes 64 --global-batch 512",
+    # DPO (the seed paper's workload) on the five seed systems: 4 pairs (8 sequences) per rank.
+    "protein-3.5b_aurora_3200n_dpo.yaml": "--model protein-3.5b --machine aurora --nodes 3200 --workload dpo",
+    "protein-3.5b_alps_2060n_dpo.yaml": "--model protein-3.5b --machine alps --nodes 2060 --workload dpo",
+    "protein-3.5b_frontier_2048n_dpo.yaml": "--model protein-3.5b --machine frontier --nodes 2048 --workload dpo",
+    "protein-3.5b_leonardo_1500n_dpo.yaml": "--model protein-3.5b --machine leonardo --nodes 1500 --workload dpo",
+    "protein-3.5b_pdx_400n_dpo.yaml": "--model protein-3.5b --machine pdx --nodes 400 --workload dpo",
 }
 
 

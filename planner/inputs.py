@@ -108,11 +108,15 @@ def default_precision(machine: MachineModel) -> Precision:
 
 
 def make_job(model: ModelSpec, machine: MachineModel, world: int, global_batch: int | None, seq_len: int | None,
-             precision: str | None, token_budget: float | None, workload: str = "pretrain") -> TrainingJob:
-    """The training job; defaults: 8 sequences per rank (the seed runs' micro-batch), the
-    model's sequence length, the machine's fastest precision, 1e9 tokens."""
+             precision: str | None, token_budget: float | None, workload: str = "pretrain",
+             reference: str = "in-step") -> TrainingJob:
+    """The training job; defaults: 8 sequences per rank (the seed runs' micro-batch; dpo: 4
+    pairs, the same 8 sequences), the model's sequence length, the machine's fastest
+    precision, 1e9 tokens."""
+    per_rank = 4 if workload == "dpo" else 8
     data = {
-        "global_batch": global_batch if global_batch is not None else 8 * world,
+        "global_batch": global_batch if global_batch is not None else per_rank * world,
+        "reference": reference,
         "seq_len": seq_len if seq_len is not None else model.seq_len,
         "precision": precision or default_precision(machine).value,
         "workload": workload,

@@ -156,6 +156,7 @@ class MemoryBreakdown(Spec):
     activations_gib: float
     buffers_gib: float
     reserve_gib: float
+    reference_gib: float = Field(0.0, description="dpo: the frozen reference model's parameters.")
 
 
 class Prediction(Spec):
@@ -169,6 +170,8 @@ class Prediction(Spec):
     hardware_tflops_per_device: float
     mfu: float
     time_to_train_days: float
+    model_flops_per_step: float = Field(0.0, description="As the trainer executes them (dpo: policy + reference forward).")
+    six_n_flops_per_step: float = Field(0.0, description="6 x parameters x the policy's tokens per step (the usual convention).")
 
 
 class Provenance(Spec):

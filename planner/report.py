@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from rich.console import Console
 from rich.table import Table
 
@@ -94,12 +96,29 @@ def memory_table(ev: Evaluation, i: int, capacity_gib: float) -> Table:
     t.add_column("part")
     t.add_column("GiB", justify="right")
     m = ev.memory
-    for name, arr in (("parameters", m.parameters), ("gradients", m.gradients), ("optimizer states", m.optimizer),
-                      ("activations", m.activations), ("buffers", m.buffers), ("reserve + fragmentation", m.reserve)):
+    rows = [("parameters", m.parameters), ("gradients", m.gradients), ("optimizer states", m.optimizer),
+            ("activations", m.activations), ("buffers", m.buffers), ("reserve + fragmentation", m.reserve)]
+    ref = np.broadcast_to(np.asarray(m.reference, dtype=np.float64), m.total.shape)
+    if ref[i] > 0:
+        rows.insert(3, ("reference model (dpo)", ref))
+    for name, arr in rows:
         t.add_row(name, f"{arr[i] / GIB:.2f}")
     fits = "fits" if m.fits[i] else "[red]does not fit[/red]"
     t.add_row("[b]total[/b]", f"[b]{m.total[i] / GIB:.2f}[/b] of {capacity_gib:.1f} ({fits})")
     return t
+
+
+def flops_text(model, job, ev: Evaluation, i: int = 0) -> str:
+    """Model FLOPs of a step both ways (planner/cost/flops.step_flops), per device per second."""
+    from planner.cost.flops import step_flops
+
+    f = step_flops(model, job)
+    t, world = float(ev.step_time_s[i]), float(ev.space.units.world[ev.space.unit[i]])
+    rate = lambda x: x / t / world / 1e12  # noqa: E731
+    what = "policy forward+backward" + (" + reference forward" if job.reference_in_step else "")
+    return (f"model FLOPs per step: {f['executed'] / 1e15:.4g} PFLOP as executed ({what}; {rate(f['executed']):.1f} "
+            f"TFLOP/s per device), {f['six_n'] / 1e15:.4g} PFLOP as 6·N·tokens of the policy "
+            f"({rate(f['six_n']):.1f} TFLOP/s per device); {f['tokens']:,.0f} policy tokens per step")
 
 
 def explain_plan(plan: Plan, console: Console) -> None:

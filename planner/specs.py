@@ -205,22 +205,41 @@ class MachineModel(Spec):
 
 class Workload(str, Enum):
     pretrain = "pretrain"
-    dpo = "dpo"  # preference tuning: arrives with the DPO issue; the schema keeps room for it
+    dpo = "dpo"  # preference tuning (Rafailov et al. 2023): a global batch of (chosen, rejected) pairs
+
+
+class Reference(str, Enum):
+    in_step = "in-step"  # a frozen reference model's forward passes run in every step
+    precomputed = "precomputed"  # its log-probabilities were computed once and stored with the pairs
 
 
 class TrainingJob(Spec):
     """What to train: batch held fixed, sequence length, precision, token budget."""
 
-    global_batch: PosInt = Field(description="Sequences per optimizer step; never changed by the search.")
+    global_batch: PosInt = Field(description="Sequences per optimizer step (dpo: pairs); never changed by the search.")
     seq_len: PosInt = Field(description="Tokens per sequence.")
     precision: Precision = Field(Precision.bf16, description="Compute precision; accumulation and reduction are fp32.")
     optimizer: Literal["adamw"] = Field("adamw", description="Optimizer (AdamW: two fp32 moments per parameter).")
-    workload: Workload = Field(Workload.pretrain, description="pretrain (dpo: a later issue).")
+    workload: Workload = Field(Workload.pretrain, description="pretrain, or dpo (each sample a chosen and a rejected sequence).")
+    reference: Reference = Field(
+        Reference.in_step, description="dpo: the frozen reference model runs in every step (in-step: its forward "
+                                       "passes and its parameters count), or its log-probabilities were precomputed."
+    )
     token_budget: float = Field(1e9, gt=0, description="Tokens to train on, for time-to-train.")
 
     @property
+    def sequences_per_sample(self) -> int:
+        """Sequences the policy runs per sample of the global batch: 2 for a dpo pair."""
+        return 2 if self.workload == Workload.dpo else 1
+
+    @property
+    def reference_in_step(self) -> bool:
+        return self.workload == Workload.dpo and self.reference == Reference.in_step
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
+        """Tokens the policy trains on per step (dpo: both sequences of every pair)."""
+        return self.global_batch * self.sequences_per_sample * self.seq_len
 
 
 def bytes_per_element(precision: Precision | str) -> int:

@@ -111,6 +111,12 @@ OPTIMIZER_OPS_PER_TENSOR = 12
 TENSORS_PER_BLOCK = 9
 
 
+def forward_overhead_s(machine: MachineModel, blocks) -> np.ndarray:
+    """Per micro-batch: op_overhead_us for the operators of a forward pass alone (a frozen
+    reference model's)."""
+    return machine.op_overhead_us * 1e-6 * (np.asarray(blocks) * BLOCK_FORWARD_OPS + HEAD_FORWARD_OPS)
+
+
 def framework_overhead_s(machine: MachineModel, blocks, recompute) -> np.ndarray:
     """Per micro-batch: op_overhead_us for every operator the blocks and the head launch in
     forward, backward and recompute."""

@@ -85,6 +85,33 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     return 3.0 * (m.layers * layer_forward_flops(m, seq_len) + head_forward_flops(m))
 
 
+def reference_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+    """dpo: a frozen reference model's forward per token (1x forward)."""
+    return m.layers * layer_forward_flops(m, seq_len) + head_forward_flops(m)
+
+
+def six_n_flops_per_token(m: ModelSpec) -> float:
+    """The 6 N convention (N = parameters less the embedding lookup's): what published
+    figures usually quote, with no attention term and, for dpo, the policy alone."""
+    return 6.0 * (total_params(m) - embedding_params(m))
+
+
+def step_flops(m: ModelSpec, job) -> dict[str, float]:
+    """Model FLOPs of one optimizer step, both ways: `executed` as the trainer runs them
+    (policy forward + backward with attention, plus the reference's forward when it runs in
+    the step) and `six_n` = 6 N x the tokens the policy trains on (both sequences of each
+    dpo pair), so that published figures can be compared either way."""
+    tokens = job.tokens_per_step
+    ref = reference_flops_per_token(m, job.seq_len) if job.reference_in_step else 0.0
+    return {
+        "tokens": float(tokens),
+        "executed": (model_flops_per_token(m, job.seq_len) + ref) * tokens,
+        "policy": model_flops_per_token(m, job.seq_len) * tokens,
+        "reference": ref * tokens,
+        "six_n": six_n_flops_per_token(m) * tokens,
+    }
+
+
 def recompute_flops_per_token(m: ModelSpec, seq_len: int, recompute) -> np.ndarray:
     """FLOPs repeated in backward: full = every block's forward again; selective = the
     attention core only (Korthikanti et al. 2022, section 5)."""

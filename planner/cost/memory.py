@@ -46,6 +46,7 @@ class MemoryParts:
     reserve: np.ndarray
     total: np.ndarray
     fits: np.ndarray
+    reference: np.ndarray | float = 0.0  # dpo: the frozen reference model's parameters
 
 
 def stage_params(model: ModelSpec, lay: Layouts) -> np.ndarray:
@@ -140,6 +141,19 @@ def buffer_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray
     grads = np.where(fsdp_like | (s == SH_GRAD_OP), block * 4.0, 0.0)
     buckets = np.where((s == SH_ZERO2) | (s == SH_ZERO1) | (s == SH_NONE), 2 * 25e6, 0.0)
     return gathered + grads + buckets
+
+
+def reference_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """dpo with the reference in the step: a frozen copy of the policy's working weights,
+    laid out like the policy (sharded over the shard group under fsdp, hsdp and grad-op,
+    whole on each rank otherwise), with no gradients and no optimizer state."""
+    if not job.reference_in_step:
+        return np.zeros(len(lay))
+    working = 4.0 if job.precision == Precision.fp32 else 2.0
+    P = stage_params(model, lay) / lay.tp
+    s = lay.sharding
+    sharded = (s == SH_FSDP) | (s == SH_HSDP) | (s == SH_GRAD_OP)
+    return np.where(sharded, P / np.maximum(lay.shard_group, 1), P) * working
 
 
 def reserve_bytes(machine: MachineModel, allocated) -> np.ndarray:

@@ -20,7 +20,7 @@ wide (NCCL_ALGO, CCL_ALLREDUCE), and the best such pair is chosen per layout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from planner.cost.memory import (
     MemoryParts,
     activation_bytes,
     buffer_bytes,
+    reference_bytes,
     microbatches_in_flight,
     model_state_bytes,
     reserve_bytes,
@@ -138,8 +139,12 @@ class UnitCosts:
 
 
 def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Layouts, tiers: LinkTiers, algos) -> UnitCosts:
+    # dpo: a micro-batch of mbs pairs is 2 mbs sequences through the policy (chosen and
+    # rejected in one batch), so every per-micro-batch cost below sees 2 mbs sequences.
+    if job.sequences_per_sample > 1:
+        u = replace(u, mbs=u.mbs * job.sequences_per_sample)
     ov, B, t, v = machine.overlap, bytes_per_element(job.precision), u.tp, u.vpp
-    _, fb_layer = compute.layer_times(model, machine, job, u)
+    f_layer, fb_layer = compute.layer_times(model, machine, job, u)
     head = compute.head_time(model, machine, job, u)
     load, blocks = bottleneck_chunk(model.layers, u.pp * v, head / fb_layer)
     blocks_on_rank = blocks * v
@@ -170,6 +175,10 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     pp_mb = np.where(u.pp > 1, 2 * v * comm.point_to_point(pp_bytes, pl_pp.alpha_s, pl_pp.beta_Bps) * (1 - ov.pp), 0.0)
     act_per_mb, act_fixed = activation_bytes(model, machine, job, u)
     compute_mb = load * v * fb_layer + compute.framework_overhead_s(machine, blocks_on_rank, u.recompute)
+    if job.reference_in_step:
+        # The frozen reference model's forward over the same sequences (no backward, no
+        # recompute); `load` counts the head in block units, so load x forward covers its share.
+        compute_mb = compute_mb + load * v * f_layer + compute.forward_overhead_s(machine, blocks_on_rank)
     return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed)
 
 
@@ -197,6 +206,7 @@ class MeshCosts:
     optimizer: np.ndarray
     buffers: np.ndarray
     optimizer_s: np.ndarray
+    reference: np.ndarray  # dpo: the frozen reference model's parameters (bytes per device)
 
 
 def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Layouts, tiers: LinkTiers, algos) -> MeshCosts:
@@ -264,6 +274,7 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
         F_per_mb=fsdp, K_per_mb=fsdp | (s == SH_ZERO2),
         S_total=S_total, S_floor=S_floor,
         parameters=params, gradients=grads, optimizer=opt, buffers=buffer_bytes(model, job, m), optimizer_s=optimizer_s,
+        reference=reference_bytes(model, job, m),
     )
 
 
@@ -324,8 +335,6 @@ class Scores:
 def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, fast: bool = True, detail: bool = True):
     """Predict every row of a layout space (see the module docstring for `fast`). With
     detail=False only the Scores the search needs are computed (much less work per row)."""
-    if job.workload != Workload.pretrain:
-        raise PlanError("workload dpo is planned by a later release; use pretrain", field="job.workload")
     tiers = link_tiers(machine)
     ar_codes, rsag_codes = offered_algorithms(machine)
     units, meshes = space.units, space.meshes
@@ -377,7 +386,7 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
 
     # Memory: activations depend on the unit and, through in-flight micro-batches, the schedule.
     acts = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], m, units.vpp[u], space.schedule) + U.act_fixed[u]
-    states = (M.parameters + M.gradients + M.optimizer + M.buffers)[mi]
+    states = (M.parameters + M.gradients + M.optimizer + M.buffers + M.reference)[mi]
     allocated = states + acts
     reserve = reserve_bytes(machine, allocated)
     total = allocated + reserve
@@ -387,11 +396,15 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
     if not detail:
         return Scores(step_time, total, fits, len(space) * n_algos)
 
-    mem = MemoryParts(M.parameters[mi], M.gradients[mi], M.optimizer[mi], acts, M.buffers[mi], reserve, total, fits)
-    tokens = job.global_batch * job.seq_len
+    mem = MemoryParts(M.parameters[mi], M.gradients[mi], M.optimizer[mi], acts, M.buffers[mi], reserve, total, fits,
+                      reference=M.reference[mi])
+    tokens = job.tokens_per_step
     world = units.world[u].astype(np.float64)
-    model_fl = flops.model_flops_per_token(model, job.seq_len) * tokens
-    hw_fl = flops.hardware_flops_per_token(model, job.seq_len, units.recompute)[u] * tokens
+    # Model FLOPs as the trainer executes them (dpo: the policy's passes and the reference's
+    # forward over both sequences of every pair); flops.dpo_policy_flops gives 6 N tokens.
+    ref_fl = flops.reference_flops_per_token(model, job.seq_len) if job.reference_in_step else 0.0
+    model_fl = (flops.model_flops_per_token(model, job.seq_len) + ref_fl) * tokens
+    hw_fl = (flops.hardware_flops_per_token(model, job.seq_len, units.recompute)[u] + ref_fl) * tokens
     tps = tokens / step_time
     model_tf = model_fl / step_time / world / 1e12
     work_mb = base_u[u] + best["tp_mb"]

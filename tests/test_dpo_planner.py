@@ -1,0 +1,119 @@
+"""`--workload dpo` in the planner: two sequences per pair through the policy, a frozen
+reference model's forward passes and parameters, FLOPs reported both ways."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from machine_models import load_machine
+from planner.cli import main
+from planner.cost import flops
+from planner.cost.layout import RC_FULL, RC_NONE, SC_NONE, SH_FSDP, SH_NONE, SH_ZERO1, Layouts
+from planner.cost.memory import GIB
+from planner.cost.step import evaluate
+from planner.plan import load_plan
+from planner.presets import get_model
+from planner.search.search import search
+from planner.specs import Precision, Reference, TrainingJob, Workload
+
+
+def lay(**kw) -> Layouts:
+    d = dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1, mbs=1, gas=1, vpp=1, schedule=SC_NONE, sharding=SH_NONE,
+             recompute=RC_NONE, sp=0)
+    d.update(kw)
+    return Layouts(**d)
+
+
+def job(gb, workload=Workload.pretrain, reference=Reference.in_step) -> TrainingJob:
+    return TrainingJob(global_batch=gb, seq_len=512, precision=Precision.bf16, workload=workload, reference=reference)
+
+
+MODEL = get_model("protein-3.5b")
+MACHINE = load_machine("frontier")
+
+
+def test_a_pair_is_two_sequences_and_the_reference_adds_a_forward():
+    """A dpo micro-batch of 2 pairs costs what a pretraining micro-batch of 4 sequences
+    costs, plus the reference's forward: exactly 1/3 more without recompute (forward + backward
+    = 3 forwards); with precomputed log-probabilities nothing more."""
+    L = lay(dp_shard=8, sharding=SH_FSDP, mbs=2)
+    pre = evaluate(MODEL, MACHINE, job(32), lay(dp_shard=8, sharding=SH_FSDP, mbs=4))
+    dpo = evaluate(MODEL, MACHINE, job(16, Workload.dpo), L)
+    pc = evaluate(MODEL, MACHINE, job(16, Workload.dpo, Reference.precomputed), L)
+    assert dpo.compute_s[0] == pytest.approx(pre.compute_s[0] * 4 / 3, rel=1e-9)
+    assert pc.compute_s[0] == pytest.approx(pre.compute_s[0], rel=1e-9)
+    assert dpo.memory.activations[0] == pytest.approx(pre.memory.activations[0], rel=1e-9)
+    # The same policy tokens per step.
+    assert dpo.tokens_per_s[0] * dpo.step_time_s[0] == pytest.approx(32 * 512)
+    # Recompute runs the policy's forward again, never the reference's (to 1e-4: the head's
+    # share, counted in block units of forward+backward+recompute, moves a little).
+    rc_pre = evaluate(MODEL, MACHINE, job(32), lay(dp_shard=8, sharding=SH_FSDP, mbs=4, recompute=RC_FULL))
+    rc_dpo = evaluate(MODEL, MACHINE, job(16, Workload.dpo), lay(dp_shard=8, sharding=SH_FSDP, mbs=2, recompute=RC_FULL))
+    assert rc_dpo.compute_s[0] - rc_pre.compute_s[0] == pytest.approx(dpo.compute_s[0] - pre.compute_s[0], rel=1e-4)
+
+
+def test_reference_memory_is_parameters_only_and_sharded_like_the_policy():
+    L = Layouts.concat([lay(dp_replicate=8), lay(dp_shard=8, sharding=SH_ZERO1), lay(dp_shard=8, sharding=SH_FSDP)])
+    dpo = evaluate(MODEL, MACHINE, job(16, Workload.dpo), L)
+    pre = evaluate(MODEL, MACHINE, job(16), L)
+    P = flops.total_params(MODEL)
+    ref = np.asarray(dpo.memory.reference)
+    assert ref[0] == pytest.approx(P * 2)  # bf16 working weights, whole on every rank
+    assert ref[1] == pytest.approx(P * 2)  # ZeRO-1 shards the optimizer, not the weights
+    assert ref[2] == pytest.approx(P * 2 / 8)  # FSDP shards it over the 8 ranks
+    # No gradients or optimizer state for it: those match pretraining's.
+    np.testing.assert_allclose(dpo.memory.gradients, pre.memory.gradients)
+    np.testing.assert_allclose(dpo.memory.optimizer, pre.memory.optimizer)
+    pc = evaluate(MODEL, MACHINE, job(16, Workload.dpo, Reference.precomputed), L)
+    assert np.all(np.asarray(pc.memory.reference) == 0)
+    assert np.all(dpo.memory.total > pc.memory.total)
+
+
+def test_step_flops_both_conventions():
+    j = job(16, Workload.dpo)
+    f = flops.step_flops(MODEL, j)
+    tokens = 16 * 2 * 512
+    assert f["tokens"] == tokens
+    N = flops.total_params(MODEL) - flops.embedding_params(MODEL)
+    assert f["six_n"] == pytest.approx(6 * N * tokens)
+    assert f["executed"] == pytest.approx(f["policy"] + f["reference"])
+    assert f["reference"] == pytest.approx(f["policy"] / 3)
+    assert flops.step_flops(MODEL, job(16, Workload.dpo, Reference.precomputed))["reference"] == 0.0
+
+
+def test_search_plans_dpo_and_it_needs_more_than_pretraining():
+    """The same sequences per step cost more as pairs (the reference's work and memory)."""
+    pre = search(MODEL, MACHINE, job(8 * 8 * 16), 16)
+    dpo = search(MODEL, MACHINE, job(4 * 8 * 16, Workload.dpo), 16)
+    assert dpo.evaluation.step_time_s[0] > pre.evaluation.step_time_s[0]
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_cli_estimate_and_plan_dpo(capsys, in_tmp):
+    args = ["--model", "protein-3.5b", "--machine", "frontier", "--nodes", "2", "--global-batch", "32"]
+    assert main(["estimate", *args, "--dp", "16", "--shard", "fsdp", "--mbs", "2", "--workload", "dpo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["workload"] == "dpo"
+    f = out["flops_per_step"]
+    assert f["executed"] > f["six_n"] > 0
+    assert main(["estimate", *args, "--dp", "16", "--shard", "fsdp", "--mbs", "2", "--workload", "dpo"]) == 0
+    text = capsys.readouterr().out
+    assert "as executed" in text and "6·N·tokens" in text and "reference model (dpo)" in text
+    assert main(["plan", *args, "--workload", "dpo", "-o", "dpo.yaml"]) == 0
+    plan = load_plan(in_tmp / "dpo.yaml")
+    assert plan.job.workload == Workload.dpo and plan.job.reference == Reference.in_step
+    assert plan.prediction.memory.reference_gib > 0
+    assert plan.prediction.model_flops_per_step > plan.prediction.six_n_flops_per_step > 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # argparse refuses an unknown workload, naming the choices
+        main(["estimate", *args, "--dp", "16", "--mbs", "1", "--workload", "sft"])
+    assert e.value.code == 2
+    assert "invalid choice: 'sft'" in capsys.readouterr().err
