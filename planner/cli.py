@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--machine", default="local", help="with --local: the machine model to predict with (default local)")
     v.add_argument("--ranks", type=int, default=2, help="with --local: ranks (default 2)")
     v.add_argument("--steps", type=int, default=8, help="with --local: steps per layout (default 8)")
+    v.add_argument("--repeats", type=int, default=1,
+                   help="with --local: timing runs per layout, in rounds over all layouts; the median is kept (default 1)")
+    v.add_argument("--no-memory-runs", action="store_true",
+                   help="with --local: take memory from the timing runs' RSS instead of a separate short run with a "
+                        "fixed malloc mmap threshold (whose RSS follows the live tensors)")
     v.add_argument("--out", default="runs/validate-local", help="with --local: output folder")
     v.add_argument("--refit", action="store_true", help="refit the per-device-kind and per-framework figures and save them in machine_models/device_kinds.yaml")
     v.add_argument("--loo", action="store_true", help="also leave-one-out errors: refit without each run and predict it (about a minute)")

@@ -23,7 +23,8 @@ def cmd_validate(args) -> int:
         from runtime.validate_local import main as local_main
 
         argv = ["--model", args.model, "--machine", args.machine, "--ranks", str(args.ranks), "--steps", str(args.steps),
-                "--out", args.out] + (["--json"] if args.json else [])
+                "--out", args.out, "--repeats", str(args.repeats)] + (["--json"] if args.json else []) \
+            + (["--no-memory-runs"] if args.no_memory_runs else [])
         return local_main(argv)
     from planner import validate
 
@@ -78,7 +79,7 @@ def _calibrate_from_runs(args, base, out) -> int:
     from pathlib import Path
 
     from machine_models.fit_local import _atomic_write
-    from runtime.validate_local import holdout_report, refit_from_runs
+    from runtime.refit_local import holdout_report, refit_from_runs
 
     dirs = [Path(d) for d in args.from_runs]
     for d in dirs:

@@ -7,9 +7,13 @@ two micro-batch sizes with accumulation, HSDP from 4 ranks) the planner writes a
 a subprocess (the real launcher, torchrun + gloo). Then, per layout and over all of them:
 
     step time   predicted (plan) vs measured (summary.json: median over the steps after
-                warm-up); error = measured / predicted - 1 (as runtime/metrics.py)
+                warm-up; with --repeats, the median over rounds of runs of every layout);
+                error = measured / predicted - 1 (as runtime/metrics.py)
     memory      on CPU the measured figure is the ranks' RSS high-water mark, which includes
-                the interpreter, torch's libraries and gloo. Two comparisons are reported:
+                the interpreter, torch's libraries and gloo, taken from a separate 3-step run
+                with glibc's mmap threshold fixed low (MEMORY_RUN_ENV), so that freed blocks
+                go back to the system and RSS follows the live tensors rather than malloc's
+                hoard. Two comparisons are reported:
                   raw   measured RSS vs the predicted total (which includes the machine's
                         `memory_reserve_gib` for exactly that),
                   net   measured RSS - the RSS of an idle rank (torch + runtime imported, a
@@ -33,7 +37,6 @@ length 64, fp32 (the CPU's fast precision): protein-small takes about 0.5-0.8 s 
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import math
 import os
@@ -44,24 +47,17 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from planner.errors import PlanError
+from runtime.validate_report import CSV_COLUMNS, render, save_report  # noqa: F401 (CSV_COLUMNS: the API)
 
 GIB = float(1 << 30)
 DEFAULT_SEQ_LEN = 64
 SEQUENCES_PER_RANK = 2
 TARGETS = dict(median_abs_step_error=0.10, spearman=0.90, first_choice_miss=0.05, median_abs_memory_error=0.15)
-CSV_COLUMNS = [
-    "name", "status", "estimate_args", "predicted_step_time_s", "measured_step_time_s", "step_time_error",
-    "predicted_memory_gib", "measured_memory_gib", "memory_error_raw", "predicted_memory_net_gib",
-    "measured_memory_net_gib", "memory_error", "predicted_compute_s", "predicted_dp_s", "predicted_tp_s",
-    "predicted_pp_s", "predicted_bubble_s", "predicted_optimizer_s", "run_dir",
-]
-# Figures `refit_from_runs` can fit: name -> (getter, setter, lower, upper).
-FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "overlap_dp", "step_overhead_s", "op_overhead_us")
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,7 +291,16 @@ def summarise(rows: list[dict]) -> dict[str, Any]:
     return out
 
 
-def measure_baseline_rss_gib(timeout_s: float = 120.0) -> float | None:
+# Memory runs: glibc's malloc keeps freed blocks (its mmap threshold rises to the largest
+# block freed so far), so a rank's RSS high-water mark can be 1.5-2x the tensors it ever held
+# at once. A short second run with a fixed, low mmap threshold returns every large block to
+# the system when freed, so its RSS follows the live tensors (steps run slower: only the
+# memory of that run is used).
+MEMORY_RUN_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+MEMORY_RUN_STEPS = 3
+
+
+def measure_baseline_rss_gib(timeout_s: float = 120.0, env: dict[str, str] | None = None) -> float | None:
     """RSS high-water mark of an idle rank: torch and the runtime imported, a one-rank gloo
     group initialised, nothing trained (GiB). None if it could not be measured."""
     code = (
@@ -308,19 +313,20 @@ def measure_baseline_rss_gib(timeout_s: float = 120.0) -> float | None:
     )
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
-                             cwd=str(Path(__file__).resolve().parent.parent))
+                             cwd=str(Path(__file__).resolve().parent.parent), env={**os.environ, **(env or {})})
         return int(res.stdout.strip().splitlines()[-1]) / GIB if res.returncode == 0 else None
     except (subprocess.SubprocessError, ValueError, IndexError, OSError):
         return None
 
 
-def run_one(plan_path: Path, run_dir: Path, steps: int, data_dir: Path | None, timeout_s: float = 900.0) -> tuple[int, str]:
+def run_one(plan_path: Path, run_dir: Path, steps: int, data_dir: Path | None, timeout_s: float = 900.0,
+            extra_env: dict[str, str] | None = None) -> tuple[int, str]:
     """`exaplan run PLAN --steps N --out DIR` as a subprocess (returns code, output tail)."""
     cmd = [sys.executable, "-m", "planner.cli", "run", str(plan_path), "--steps", str(steps), "--out", str(run_dir),
            "--val-every", "0", "--val-batches", "1", "--log-every", "1000"]
     if data_dir is not None:
         cmd += ["--data", str(data_dir)]
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
@@ -330,10 +336,14 @@ def run_one(plan_path: Path, run_dir: Path, steps: int, data_dir: Path | None, t
     return res.returncode, (res.stdout + res.stderr)[-3000:]
 
 
-def _row_from_run(layout: dict, plan, run_dir: Path, baseline: float | None, reserve_gib: float) -> dict:
+def _row_from_run(layout: dict, plan, run_dir: Path, baseline: float | None, reserve_gib: float,
+                  step_times: Sequence[float] = (), memory_gib: float | None = None) -> dict:
+    """One layout's row: the step time is the median over its timing runs (`step_times`,
+    default that of run_dir's summary), the memory the memory run's (default run_dir's)."""
     s = json.loads((run_dir / "summary.json").read_text())
-    pred_t, meas_t = s["predicted_step_time_s"], s["measured_step_time_s"]
-    pred_m, meas_m = s["predicted_memory_gib"], s.get("peak_memory_gib")
+    pred_t = s["predicted_step_time_s"]
+    meas_t = float(np.median(step_times)) if len(step_times) else s["measured_step_time_s"]
+    pred_m, meas_m = s["predicted_memory_gib"], memory_gib if memory_gib is not None else s.get("peak_memory_gib")
     pred_net = pred_m - reserve_gib
     meas_net = None if meas_m is None or baseline is None else meas_m - baseline
     st = plan.prediction.step_time
@@ -351,8 +361,14 @@ def _row_from_run(layout: dict, plan, run_dir: Path, baseline: float | None, res
 
 
 def run_local_validation(model: str, ranks: int, out: Path, steps: int = 8, machine="local", layouts=None,
-                         progress: bool = True, keep_checkpoints: bool = False, console=None) -> ValidationReport:
-    """Plan, run and compare every layout (see the module docstring); writes OUT/validation.*"""
+                         progress: bool = True, keep_checkpoints: bool = False, console=None, repeats: int = 1,
+                         memory_runs: bool = True) -> ValidationReport:
+    """Plan, run and compare every layout (see the module docstring); writes OUT/validation.*
+
+    `repeats`: timing runs per layout, in rounds (every layout once, then again), so that a
+    slow spell of a shared machine falls on all layouts alike; the median is kept.
+    `memory_runs`: measure memory in a separate short run (MEMORY_RUN_ENV), else take the
+    timing run's RSS high-water mark."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -360,282 +376,89 @@ def run_local_validation(model: str, ranks: int, out: Path, steps: int = 8, mach
 
     if steps < 3:
         raise PlanError("needs at least 3 steps (the first 2 are warm-up)", field="steps")
+    if repeats < 1:
+        raise PlanError("must be at least 1", field="repeats")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     mach = _resolve_machine(machine, ranks)
     layouts = list(layouts if layouts is not None else default_layouts(ranks))
     console = console or Console(highlight=False)
     data_dir = rdata.ensure_prepared(None, out / "data", rank=0, progress=False)
-    baseline = measure_baseline_rss_gib()
-    rows: list[dict] = []
+    baseline = measure_baseline_rss_gib(env=MEMORY_RUN_ENV if memory_runs else None)
     job = None
+    plans: dict[str, Any] = {}
+    failed: dict[str, dict] = {}
+    times: dict[str, list[float]] = {lay["name"]: [] for lay in layouts}
+    memory: dict[str, float | None] = {}
+    walls: dict[str, float] = {}
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=console, transient=True, disable=not progress)
+
+    def fail(lay, status, run_dir, tail=""):
+        failed[lay["name"]] = dict(name=lay["name"], status=status, estimate_args=" ".join(lay["args"]),
+                                   run_dir=str(run_dir), **({"output_tail": tail[-1500:]} if tail else {}))
+
     with bar:
-        task = bar.add_task("validating", total=len(layouts))
-        for lay in layouts:
-            bar.update(task, description=f"{lay['name']:16s}")
+        task = bar.add_task("validating", total=len(layouts) * (repeats + (1 if memory_runs else 0)))
+        for lay in layouts:  # plans first: a layout the planner refuses is reported, not run
             run_dir = out / "runs" / lay["name"]
             if run_dir.exists():
                 shutil.rmtree(run_dir)
             run_dir.mkdir(parents=True)
             try:
-                plan = write_layout_plan(model, mach, ranks, lay, run_dir / "plan.yaml")
+                plans[lay["name"]] = write_layout_plan(model, mach, ranks, lay, run_dir / "plan.yaml")
             except PlanError as e:
-                rows.append(dict(name=lay["name"], status=f"not planned: {e}", estimate_args=" ".join(lay["args"]), run_dir=str(run_dir)))
-                bar.advance(task)
+                fail(lay, f"not planned: {e}", run_dir)
                 continue
-            job = job or plan.job.model_dump(mode="json")
+            job = job or plans[lay["name"]].job.model_dump(mode="json")
             (run_dir / "layout.json").write_text(json.dumps(lay, indent=2))
-            t0 = time.perf_counter()
-            code, tail = run_one(run_dir / "plan.yaml", run_dir, steps, data_dir)
-            if not keep_checkpoints:
-                shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-            if code != 0 or not (run_dir / "summary.json").exists():
-                rows.append(dict(name=lay["name"], status=f"run failed ({code})", estimate_args=" ".join(lay["args"]),
-                                 run_dir=str(run_dir), output_tail=tail[-1500:]))
-            else:
-                row = _row_from_run(lay, plan, run_dir, baseline, mach.memory_reserve_gib)
-                row["wall_s"] = time.perf_counter() - t0
-                rows.append(row)
+        for r in range(repeats):
+            for lay in layouts:
+                name = lay["name"]
+                bar.update(task, description=f"{name:16s} timing {r + 1}/{repeats}")
+                if name in failed:
+                    bar.advance(task)
+                    continue
+                run_dir = out / "runs" / name
+                target = run_dir if r == 0 else run_dir / f"repeat-{r}"
+                t0 = time.perf_counter()
+                code, tail = run_one(run_dir / "plan.yaml", target, steps, data_dir)
+                walls[name] = walls.get(name, 0.0) + time.perf_counter() - t0
+                if not keep_checkpoints:
+                    shutil.rmtree(target / "checkpoints", ignore_errors=True)
+                if code != 0 or not (target / "summary.json").exists():
+                    fail(lay, f"run failed ({code})", run_dir, tail)
+                else:
+                    times[name].append(json.loads((target / "summary.json").read_text())["measured_step_time_s"])
+                bar.advance(task)
+        for lay in layouts if memory_runs else ():
+            name = lay["name"]
+            bar.update(task, description=f"{name:16s} memory")
+            if name not in failed:
+                target = out / "runs" / name / "memory"
+                code, _ = run_one(out / "runs" / name / "plan.yaml", target, MEMORY_RUN_STEPS, data_dir,
+                                  extra_env=MEMORY_RUN_ENV)
+                shutil.rmtree(target / "checkpoints", ignore_errors=True)
+                ok = code == 0 and (target / "summary.json").exists()
+                memory[name] = json.loads((target / "summary.json").read_text()).get("peak_memory_gib") if ok else None
             bar.advance(task)
+    rows: list[dict] = []
+    for lay in layouts:
+        name = lay["name"]
+        if name in failed:
+            rows.append(failed[name])
+            continue
+        row = _row_from_run(lay, plans[name], out / "runs" / name, baseline, mach.memory_reserve_gib,
+                            step_times=times[name], memory_gib=memory.get(name))
+        row["wall_s"] = walls.get(name, 0.0)
+        row["step_time_runs_s"] = times[name]
+        rows.append(row)
     rep = ValidationReport(model=model, machine=mach.name, ranks=ranks, steps=steps, job=job or {}, rows=rows,
                            baseline_rss_gib=baseline, memory_reserve_gib=mach.memory_reserve_gib)
     for k, v in summarise(rows).items():
         setattr(rep, k, v)
     save_report(rep, out)
     return rep
-
-
-# --------------------------------------------------------------------------------------------
-# Output
-# --------------------------------------------------------------------------------------------
-
-
-def save_report(rep: ValidationReport, out: Path) -> None:
-    out = Path(out)
-    files = dict(csv=str(out / "validation.csv"), json=str(out / "validation.json"), png=str(out / "validation.png"))
-    rep.files = files
-    with open(files["csv"], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rep.rows:
-            w.writerow({k: r.get(k, "") for k in CSV_COLUMNS})
-    Path(files["json"]).write_text(json.dumps(rep.to_json(), indent=2) + "\n")
-    plot(rep, Path(files["png"]))
-
-
-def plot(rep: ValidationReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = rep.ok_rows
-    fig, ax = plt.subplots(figsize=(7, 6))
-    if ok:
-        p = np.array([r["predicted_step_time_s"] for r in ok])
-        m = np.array([r["measured_step_time_s"] for r in ok])
-        ax.scatter(p, m, zorder=3)
-        for r, x, y in zip(ok, p, m):
-            ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        lo, hi = min(p.min(), m.min()) / 1.15, max(p.max(), m.max()) * 1.15
-        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
-        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="grey", alpha=0.15, label="±10%")
-        if hi / lo > 5:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.legend(loc="upper left")
-    sp = rep.spearman
-    ax.set_title(f"{rep.model} on {rep.ranks} x {rep.machine}: median |err| "
-                 f"{(rep.median_abs_step_error or 0):.0%}, Spearman {sp if sp is not None else float('nan'):.2f}")
-    ax.set_xlabel("predicted step time (s)")
-    ax.set_ylabel("measured step time (s)")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def render(rep: ValidationReport, console=None) -> None:
-    """The rich table and the summary lines."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console(highlight=False, width=140)
-
-    def pct(v):
-        return "" if v is None else f"{v:+.0%}"
-
-    def num(v, spec=".3f"):
-        return "" if v is None else format(v, spec)
-
-    t = Table(title=f"Local validation: {rep.model} on {rep.ranks} ranks of {rep.machine}, global batch "
-                    f"{rep.job.get('global_batch')} x {rep.job.get('seq_len')} tokens, {rep.steps} steps")
-    for col in ("layout", "pred s", "meas s", "err", "pred GiB", "RSS GiB", "err raw", "net pred", "net meas", "err net"):
-        t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
-    for r in rep.rows:
-        if r["status"] != "ok":
-            t.add_row(r["name"], f"[red]{r['status']}[/red]", *[""] * 8)
-            continue
-        t.add_row(r["name"], num(r["predicted_step_time_s"]), num(r["measured_step_time_s"]), pct(r["step_time_error"]),
-                  num(r["predicted_memory_gib"], ".2f"), num(r["measured_memory_gib"], ".2f"), pct(r["memory_error_raw"]),
-                  num(r["predicted_memory_net_gib"], ".2f"), num(r["measured_memory_net_gib"], ".2f"), pct(r["memory_error"]))
-    console.print(t)
-    if rep.baseline_rss_gib is not None:
-        console.print(f"memory: RSS high-water mark (max over ranks); 'net' = RSS - idle rank {rep.baseline_rss_gib:.2f} GiB "
-                      f"vs predicted - reserve {rep.memory_reserve_gib:g} GiB")
-    for k, v in rep.targets.items():
-        val = v["value"]
-        shown = "n/a" if val is None else (f"{val:.2f}" if k == "spearman" else f"{val:.1%}")
-        mark = {True: "[green]met[/green]", False: "[red]missed[/red]", None: "n/a"}[v["met"]]
-        console.print(f"{k:26s} {shown:>8s}  (target {'>=' if k == 'spearman' else '<='} {v['target']:g})  {mark}")
-    fc = rep.first_choice
-    if fc:
-        console.print(f"first choice {fc['first_choice']}; fastest measured {fc['fastest']}"
-                      + ("" if fc["first_choice_is_fastest"] else f"; first choice {fc['first_choice_miss']:.1%} slower"))
-    if rep.files:
-        console.print(f"wrote {rep.files['csv']}, {rep.files['json']}, {rep.files['png']}")
-
-
-# --------------------------------------------------------------------------------------------
-# Refit from measured runs
-# --------------------------------------------------------------------------------------------
-
-
-def _get(machine, fig: str) -> float:
-    return {"peak_fraction": lambda: machine.matmul_efficiency.peak_fraction,
-            "half_dim": lambda: machine.matmul_efficiency.half_dim,
-            "overlap_dp": lambda: machine.overlap.dp,
-            "step_overhead_s": lambda: machine.step_overhead_s,
-            "op_overhead_us": lambda: machine.op_overhead_us,
-            "memory_bandwidth_gbps": lambda: machine.memory_bandwidth_gbps,
-            "attention_efficiency_factor": lambda: machine.attention_efficiency_factor}[fig]()
-
-
-BOUNDS = {"peak_fraction": (0.02, 1.0), "half_dim": (0.0, 4096.0), "overlap_dp": (0.0, 1.0),
-          "step_overhead_s": (0.0, 2.0), "op_overhead_us": (0.0, 500.0), "memory_bandwidth_gbps": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
-
-
-def with_figures(machine, figures: dict[str, float]):
-    """A copy of the machine with these figures set (names as in FIT_FIGURES_DEFAULT/BOUNDS)."""
-    m = machine.model_copy(deep=True)
-    me, ov = m.matmul_efficiency.model_copy(), m.overlap.model_copy()
-    for k, v in figures.items():
-        v = float(v)
-        if k == "peak_fraction":
-            me.peak_fraction = min(max(v, 0.0), 1.0)
-        elif k == "half_dim":
-            me.half_dim = max(v, 0.0)
-        elif k == "overlap_dp":
-            ov.dp = min(max(v, 0.0), 1.0)
-        elif k == "step_overhead_s":
-            m.step_overhead_s = max(v, 0.0)
-        elif k == "op_overhead_us":
-            m.op_overhead_us = max(v, 0.0)
-        elif k == "memory_bandwidth_gbps":
-            m.memory_bandwidth_gbps = v
-        elif k == "attention_efficiency_factor":
-            m.attention_efficiency_factor = min(max(v, 0.0), 1.0)
-        else:
-            raise PlanError(f"unknown figure {k!r}; known: {', '.join(BOUNDS)}", field="figures")
-    m.matmul_efficiency, m.overlap = me, ov
-    return m
-
-
-@dataclass
-class MeasuredRun:
-    name: str
-    plan: Any
-    measured_step_time_s: float
-    measured_memory_gib: float | None
-
-
-def load_runs(run_dirs: Iterable[Path]) -> list[MeasuredRun]:
-    """Runs with a summary.json and the plan.yaml they ran (written by run_local_validation)."""
-    from planner.plan import load_plan
-
-    runs = []
-    for d in map(Path, run_dirs):
-        s, p = d / "summary.json", d / "plan.yaml"
-        if not s.exists() or not p.exists():
-            raise PlanError(f"{d}: needs summary.json and plan.yaml (a run directory of `exaplan validate --local`)", field="runs")
-        summ = json.loads(s.read_text())
-        runs.append(MeasuredRun(d.name, load_plan(p), float(summ["measured_step_time_s"]), summ.get("peak_memory_gib")))
-    if not runs:
-        raise PlanError("no run directories given", field="runs")
-    return runs
-
-
-def _log_residuals(runs: list[MeasuredRun], machine) -> np.ndarray:
-    return np.array([math.log(predict(r.plan, machine)["step_time_s"] / r.measured_step_time_s) for r in runs])
-
-
-def refit_from_runs(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGURES_DEFAULT, ranks: int | None = None,
-                    runs: list[MeasuredRun] | None = None):
-    """The machine with `figures` refitted to the measured step times of the runs: least
-    squares on log(predicted / measured) (scipy.optimize.least_squares, bounded; a weak pull
-    towards the starting values keeps figures the runs do not constrain where they were).
-    `machine`: a MachineModel, a name, or None for the machine stored in the first run's plan.
-    Returns a MachineModel with calibrated=True and a description saying what was fitted."""
-    from scipy.optimize import least_squares
-
-    runs = runs if runs is not None else load_runs(run_dirs)
-    if machine is None:
-        base = runs[0].plan.machine
-    else:
-        base = _resolve_machine(machine, ranks or runs[0].plan.machine.devices_per_node)
-    figures = list(figures)
-    x0 = np.array([_get(base, f) for f in figures], float)
-    lo = np.array([BOUNDS[f][0] for f in figures])
-    hi = np.array([BOUNDS[f][1] for f in figures])
-    scale = np.maximum(hi - lo, 1e-9)
-    x0 = np.clip(x0, lo, hi)
-    prior = 0.02  # weight of the pull towards x0, per unit of each figure's range
-
-    def resid(x):
-        r = _log_residuals(runs, with_figures(base, dict(zip(figures, x))))
-        return np.concatenate([r, prior * (x - x0) / scale])
-
-    res = least_squares(resid, x0, bounds=(lo, hi), x_scale=scale, diff_step=1e-3)
-    fitted = dict(zip(figures, map(float, res.x)))
-    out = with_figures(base, fitted)
-    out.calibrated = True
-    names = ", ".join(f"{k}={v:.4g}" for k, v in fitted.items())
-    out.description = (base.description + f" Refitted from {len(runs)} measured runs ({', '.join(r.name for r in runs)}): "
-                       f"{names}.").strip()
-    return out
-
-
-def holdout_report(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGURES_DEFAULT, test_every: int = 2,
-                   offset: int = 1) -> dict[str, Any]:
-    """Refit on some runs and measure the step-time error on the others, before and after.
-    Runs sorted by name; every `test_every`-th from `offset` is held out. Returns the fitted
-    figures and per-run errors (measured / predicted - 1) on both sets."""
-    runs = sorted(load_runs(run_dirs), key=lambda r: r.name)
-    test = [r for i, r in enumerate(runs) if i % test_every == offset % test_every]
-    train = [r for r in runs if r not in test]
-    if not train or not test:
-        raise PlanError("needs at least 2 runs to hold some out", field="runs")
-    base = runs[0].plan.machine if machine is None else _resolve_machine(machine, runs[0].plan.machine.devices_per_node)
-    fitted = refit_from_runs(None, base, figures, runs=train)
-
-    def errors(rs, m):
-        return {r.name: r.measured_step_time_s / predict(r.plan, m)["step_time_s"] - 1.0 for r in rs}
-
-    def med(d):
-        return float(np.median(np.abs(list(d.values()))))
-
-    out = dict(train=[r.name for r in train], test=[r.name for r in test],
-               figures_before={f: _get(base, f) for f in figures}, figures_after={f: _get(fitted, f) for f in figures},
-               train_before=errors(train, base), train_after=errors(train, fitted),
-               test_before=errors(test, base), test_after=errors(test, fitted))
-    for k in ("train_before", "train_after", "test_before", "test_after"):
-        out[f"median_abs_{k}"] = med(out[k])
-    out["machine"] = fitted
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -652,11 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", default="runs/validate-local")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--no-memory-runs", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
         rep = run_local_validation(args.model, args.ranks, Path(args.out), steps=args.steps, machine=args.machine,
-                                   progress=not args.json)
+                                   progress=not args.json, repeats=args.repeats, memory_runs=not args.no_memory_runs)
     except PlanError as e:
         print(f"exaplan validate: error: {e}", file=sys.stderr)
         return 2

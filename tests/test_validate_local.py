@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from machine_models import detect_local_machine
+from runtime import refit_local as rl
 from runtime import validate_local as vl
 
 
@@ -84,9 +85,9 @@ def _synthetic_runs(tmp_path: Path, base, truth, names=None) -> list[Path]:
 
 def test_refit_recovers_known_figures(tmp_path):
     base = detect_local_machine(2)
-    truth = vl.with_figures(base, dict(peak_fraction=0.4, step_overhead_s=0.05))
+    truth = rl.with_figures(base, dict(peak_fraction=0.4, step_overhead_s=0.05))
     dirs = _synthetic_runs(tmp_path, base, truth)
-    fitted = vl.refit_from_runs(dirs, base, figures=("peak_fraction", "step_overhead_s"))
+    fitted = rl.refit_from_runs(dirs, base, figures=("peak_fraction", "step_overhead_s"))
     assert fitted.calibrated
     assert fitted.matmul_efficiency.peak_fraction == pytest.approx(0.4, rel=0.05)
     assert fitted.step_overhead_s == pytest.approx(0.05, rel=0.1, abs=0.005)
@@ -94,9 +95,9 @@ def test_refit_recovers_known_figures(tmp_path):
 
 def test_holdout_report_reduces_error(tmp_path):
     base = detect_local_machine(2)
-    truth = vl.with_figures(base, dict(peak_fraction=0.5, step_overhead_s=0.03, overlap_dp=0.6))
+    truth = rl.with_figures(base, dict(peak_fraction=0.5, step_overhead_s=0.03, overlap_dp=0.6))
     dirs = _synthetic_runs(tmp_path, base, truth)
-    rep = vl.holdout_report(dirs, base)
+    rep = rl.holdout_report(dirs, base)
     assert set(rep["train"]).isdisjoint(rep["test"]) and len(rep["test"]) >= 4
     assert rep["median_abs_test_after"] < rep["median_abs_test_before"] / 3
     assert rep["median_abs_test_after"] < 0.05
@@ -121,7 +122,7 @@ def test_run_local_validation_end_to_end(tmp_path):
         assert (Path(r["run_dir"]) / "plan.yaml").exists() and (Path(r["run_dir"]) / "summary.json").exists()
         assert not (Path(r["run_dir"]) / "checkpoints").exists()
     # The run directories feed the refit.
-    runs = vl.load_runs([Path(r["run_dir"]) for r in rep.rows])
+    runs = rl.load_runs([Path(r["run_dir"]) for r in rep.rows])
     assert len(runs) == 2
     # ... and `exaplan calibrate --from-runs` writes a refitted machine that plans.
     from planner.cli import main as cli

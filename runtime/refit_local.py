@@ -1,0 +1,156 @@
+"""Refit a machine's efficiency figures from measured runs (`exaplan calibrate --from-runs`).
+
+Every run `exaplan run` makes leaves its plan.yaml and summary.json; `refit_from_runs` fits
+the local machine's figures (matmul curve, dp overlap, per-step and per-operator framework
+cost) by bounded least squares on log(predicted / measured) step time, and `holdout_report`
+shows the error on runs left out of the fit, before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from planner.errors import PlanError
+from runtime.validate_local import _resolve_machine, predict
+
+# Figures `refit_from_runs` fits unless told otherwise (BOUNDS lists every one it can).
+FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "overlap_dp", "step_overhead_s", "op_overhead_us")
+
+
+def _get(machine, fig: str) -> float:
+    return {"peak_fraction": lambda: machine.matmul_efficiency.peak_fraction,
+            "half_dim": lambda: machine.matmul_efficiency.half_dim,
+            "overlap_dp": lambda: machine.overlap.dp,
+            "step_overhead_s": lambda: machine.step_overhead_s,
+            "op_overhead_us": lambda: machine.op_overhead_us,
+            "memory_bandwidth_gbps": lambda: machine.memory_bandwidth_gbps,
+            "attention_efficiency_factor": lambda: machine.attention_efficiency_factor}[fig]()
+
+
+BOUNDS = {"peak_fraction": (0.02, 1.0), "half_dim": (0.0, 4096.0), "overlap_dp": (0.0, 1.0),
+          "step_overhead_s": (0.0, 2.0), "op_overhead_us": (0.0, 500.0), "memory_bandwidth_gbps": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
+
+
+def with_figures(machine, figures: dict[str, float]):
+    """A copy of the machine with these figures set (names as in FIT_FIGURES_DEFAULT/BOUNDS)."""
+    m = machine.model_copy(deep=True)
+    me, ov = m.matmul_efficiency.model_copy(), m.overlap.model_copy()
+    for k, v in figures.items():
+        v = float(v)
+        if k == "peak_fraction":
+            me.peak_fraction = min(max(v, 0.0), 1.0)
+        elif k == "half_dim":
+            me.half_dim = max(v, 0.0)
+        elif k == "overlap_dp":
+            ov.dp = min(max(v, 0.0), 1.0)
+        elif k == "step_overhead_s":
+            m.step_overhead_s = max(v, 0.0)
+        elif k == "op_overhead_us":
+            m.op_overhead_us = max(v, 0.0)
+        elif k == "memory_bandwidth_gbps":
+            m.memory_bandwidth_gbps = v
+        elif k == "attention_efficiency_factor":
+            m.attention_efficiency_factor = min(max(v, 0.0), 1.0)
+        else:
+            raise PlanError(f"unknown figure {k!r}; known: {', '.join(BOUNDS)}", field="figures")
+    m.matmul_efficiency, m.overlap = me, ov
+    return m
+
+
+@dataclass
+class MeasuredRun:
+    name: str
+    plan: Any
+    measured_step_time_s: float
+    measured_memory_gib: float | None
+
+
+def load_runs(run_dirs: Iterable[Path]) -> list[MeasuredRun]:
+    """Runs with a summary.json and the plan.yaml they ran (written by run_local_validation)."""
+    from planner.plan import load_plan
+
+    runs = []
+    for d in map(Path, run_dirs):
+        s, p = d / "summary.json", d / "plan.yaml"
+        if not s.exists() or not p.exists():
+            raise PlanError(f"{d}: needs summary.json and plan.yaml (a run directory of `exaplan validate --local`)", field="runs")
+        summ = json.loads(s.read_text())
+        runs.append(MeasuredRun(d.name, load_plan(p), float(summ["measured_step_time_s"]), summ.get("peak_memory_gib")))
+    if not runs:
+        raise PlanError("no run directories given", field="runs")
+    return runs
+
+
+def _log_residuals(runs: list[MeasuredRun], machine) -> np.ndarray:
+    return np.array([math.log(predict(r.plan, machine)["step_time_s"] / r.measured_step_time_s) for r in runs])
+
+
+def refit_from_runs(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGURES_DEFAULT, ranks: int | None = None,
+                    runs: list[MeasuredRun] | None = None):
+    """The machine with `figures` refitted to the measured step times of the runs: least
+    squares on log(predicted / measured) (scipy.optimize.least_squares, bounded; a weak pull
+    towards the starting values keeps figures the runs do not constrain where they were).
+    `machine`: a MachineModel, a name, or None for the machine stored in the first run's plan.
+    Returns a MachineModel with calibrated=True and a description saying what was fitted."""
+    from scipy.optimize import least_squares
+
+    runs = runs if runs is not None else load_runs(run_dirs)
+    if machine is None:
+        base = runs[0].plan.machine
+    else:
+        base = _resolve_machine(machine, ranks or runs[0].plan.machine.devices_per_node)
+    figures = list(figures)
+    x0 = np.array([_get(base, f) for f in figures], float)
+    lo = np.array([BOUNDS[f][0] for f in figures])
+    hi = np.array([BOUNDS[f][1] for f in figures])
+    scale = np.maximum(hi - lo, 1e-9)
+    x0 = np.clip(x0, lo, hi)
+    prior = 0.02  # weight of the pull towards x0, per unit of each figure's range
+
+    def resid(x):
+        r = _log_residuals(runs, with_figures(base, dict(zip(figures, x))))
+        return np.concatenate([r, prior * (x - x0) / scale])
+
+    res = least_squares(resid, x0, bounds=(lo, hi), x_scale=scale, diff_step=1e-3)
+    fitted = dict(zip(figures, map(float, res.x)))
+    out = with_figures(base, fitted)
+    out.calibrated = True
+    names = ", ".join(f"{k}={v:.4g}" for k, v in fitted.items())
+    out.description = (base.description + f" Refitted from {len(runs)} measured runs ({', '.join(r.name for r in runs)}): "
+                       f"{names}.").strip()
+    return out
+
+
+def holdout_report(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGURES_DEFAULT, test_every: int = 2,
+                   offset: int = 1) -> dict[str, Any]:
+    """Refit on some runs and measure the step-time error on the others, before and after.
+    Runs sorted by name; every `test_every`-th from `offset` is held out. Returns the fitted
+    figures and per-run errors (measured / predicted - 1) on both sets."""
+    runs = sorted(load_runs(run_dirs), key=lambda r: r.name)
+    test = [r for i, r in enumerate(runs) if i % test_every == offset % test_every]
+    train = [r for r in runs if r not in test]
+    if not train or not test:
+        raise PlanError("needs at least 2 runs to hold some out", field="runs")
+    base = runs[0].plan.machine if machine is None else _resolve_machine(machine, runs[0].plan.machine.devices_per_node)
+    fitted = refit_from_runs(None, base, figures, runs=train)
+
+    def errors(rs, m):
+        return {r.name: r.measured_step_time_s / predict(r.plan, m)["step_time_s"] - 1.0 for r in rs}
+
+    def med(d):
+        return float(np.median(np.abs(list(d.values()))))
+
+    out = dict(train=[r.name for r in train], test=[r.name for r in test],
+               figures_before={f: _get(base, f) for f in figures}, figures_after={f: _get(fitted, f) for f in figures},
+               train_before=errors(train, base), train_after=errors(train, fitted),
+               test_before=errors(test, base), test_after=errors(test, fitted))
+    for k in ("train_before", "train_after", "test_before", "test_after"):
+        out[f"median_abs_{k}"] = med(out[k])
+    out["machine"] = fitted
+    return out
