@@ -32,11 +32,13 @@ logits of one micro-batch and the reference log-probabilities of its pairs.
     micro-batches together with the targets. The reference model runs its own pipeline
     (forward only, PipelineRunner.evaluate) before the policy's step.
   * the reference model is built by the trainer's own build_model (same mesh, same sharding,
-    same seed), frozen (requires_grad False, eval, torch.no_grad). With
-    --precompute-reference it runs once over all train and validation pairs (spread over the
-    data-parallel ranks, gathered to every rank), the table is stored in
-    OUT/reference_logps.npz under a hash of the pairs and of the reference weights' origin,
-    reused on resume, and the reference model is dropped.
+    same seed), frozen (requires_grad False, eval, torch.no_grad): the initial policy (the
+    seed's weights, or --init's) or --reference's weights. With --precompute-reference (or a
+    plan with job.reference: precomputed) it runs once over all train and validation pairs
+    (spread over the data-parallel ranks, gathered to every rank), the table is stored in
+    OUT/reference_logps.npz under a hash of the pairs and of the reference weights' origin
+    (the model and seed, or the checkpoint's metadata), reused on resume, and the reference
+    model is dropped.
 """
 
 from __future__ import annotations
@@ -290,7 +292,7 @@ class DPOTask:
         self.cp_group = mesh["cp"].get_group() if self.cp > 1 else None
         self.train_set, self.val_set = load_pair_sets(args.pairs, self.seq)
         self.loader = PairLoader(self.train_set, self.mbs, self.dp_rank, self.dp, args.seed, self.gas)
-        self.tokens_per_step = 2 * plan.job.global_batch * self.seq
+        self.tokens_per_step = plan.job.tokens_per_step  # both sequences of every pair
         self.seen: list[int] = []
         self._stats = torch.zeros(len(STAT_KEYS), dtype=torch.float64)
         self._captured: torch.Tensor | None = None
@@ -313,8 +315,12 @@ class DPOTask:
         source = args.reference or args.init
         key = self._reference_key(source)
         path = out / REFERENCE_FILE
-        if args.precompute_reference:
+        # The plan may say so too (job.reference: precomputed; its memory estimate then has no reference model).
+        self.precompute = args.precompute_reference or not plan.job.reference_in_step
+        if self.precompute:
             self.ref_table = self._load_table(path, key)
+            if self.ref_table is not None and dist.get_rank() == 0:
+                print(f"reference log-probs: reusing {path}", flush=True)
         if self.ref_table is None:
             self.ref_parts, _ = build_model(plan, mesh, device, args.seed)
             if source:
@@ -325,12 +331,14 @@ class DPOTask:
                 part.requires_grad_(False)
                 part.eval()
             self.ref_runner = schedule(self.ref_parts)
-            if args.precompute_reference:
+            if self.precompute:
                 with torch.no_grad():
                     self.ref_table = {"train": self._all_logps(self.ref_parts, self.ref_runner, self.train_set),
                                       "validation": self._all_logps(self.ref_parts, self.ref_runner, self.val_set)}
                 if dist.get_rank() == 0:
                     _save_table(path, key, self.ref_table)
+                    print(f"reference log-probs of {len(self.train_set)} train and {len(self.val_set)} validation "
+                          f"pairs: {path}", flush=True)
                 self.ref_parts = self.ref_runner = None  # no reference model kept in memory
 
     # ------------------------------------------------------------------------- forward

@@ -360,3 +360,47 @@ def test_every_layout_kind_equals_one_process(work, single):
         run_trainer(world, runs, timeout_s=500)
         for name in layouts:
             assert_same_steps(tmp / name, single, 2, name)
+
+
+# --------------------------------------------------------------------------------------------
+# The real effect: pretrain protein-tiny, tune it on GB1 pairs, rank held-out variants
+# --------------------------------------------------------------------------------------------
+
+
+def _exaplan(*args: str, cwd: Path) -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, f"exaplan {' '.join(args)}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_dpo_on_gb1_pairs_raises_held_out_pair_accuracy(tmp_path):
+    """protein-tiny (1.1 M parameters) pretrained for 150 steps on the shipped UniProt sample,
+    then 150 DPO steps on pairs from the shipped GB1 sample (`exaplan data pairs` defaults), 2
+    CPU ranks, about 3 minutes. On the 1,197 validation pairs the pretrained model is at chance
+    (measured 0.495) and the tuned one ranks most of them right (measured 0.781): the test asks
+    for at least 10 points more. The Spearman correlation of log-likelihood with fitness on the
+    600 validation variants (measured -0.05 -> +0.68) is reported, not asserted."""
+    from runtime import dpo_eval
+
+    tiny = ["--model", "protein-tiny", "--machine", "local", "--nodes", "1", "--dp", "2", "--shard", "none"]
+    _exaplan("estimate", *tiny, "--seq-len", "128", "--global-batch", "16", "--mbs", "8", "-o", "pre.yaml", cwd=tmp_path)
+    _exaplan("run", "pre.yaml", "--steps", "150", "--lr", "2e-3", "--warmup", "20", "--val-every", "0", "--out", "pre",
+             cwd=tmp_path)
+    _exaplan("data", "pairs", "-o", "gb1", cwd=tmp_path)
+    _exaplan("estimate", *tiny, "--seq-len", "64", "--global-batch", "32", "--mbs", "16", "--workload", "dpo",
+             "--reference", "precomputed", "-o", "dpo.yaml", cwd=tmp_path)
+    _exaplan("run", "dpo.yaml", "--pairs", "gb1", "--init", "pre", "--steps", "150", "--lr", "1e-3", "--val-every", "0",
+             "--out", "tune", cwd=tmp_path)
+    before = dpo_eval.evaluate(tmp_path / "pre", tmp_path / "gb1")
+    after = dpo_eval.evaluate(tmp_path / "tune", tmp_path / "gb1")
+    print(f"held-out pair accuracy {before['pair_accuracy']:.3f} -> {after['pair_accuracy']:.3f}, "
+          f"Spearman {before['spearman']:+.3f} -> {after['spearman']:+.3f}")
+    assert before["pairs"] == after["pairs"] > 1000
+    assert after["pair_accuracy"] >= before["pair_accuracy"] + 0.10
+    summary = json.loads((tmp_path / "tune" / "summary.json").read_text())
+    assert summary["val_pairs"] == after["pairs"] and summary["val_reward_accuracy"] > 0.6
