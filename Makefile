@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU build of torch that lies on this kind of machine; never an unpinned torch.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test test-all bench plans clean
+.PHONY: venv demo test test-all bench bench-local plans clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,13 @@ test-all: venv
 
 bench: venv
 	$(BIN)/python -m planner.bench
+
+# Issue-4 targets on this machine (median |step error| <= 10%, Spearman >= 0.9, first choice
+# within 5% of the fastest, memory error <= 15%): 12 layouts through `exaplan run`, 2 rounds.
+# About 15 minutes on 2 cores; run it on an otherwise idle machine.
+BENCH_LOCAL_MACHINE ?= local
+bench-local: venv
+	$(BIN)/exaplan validate --local --machine $(BENCH_LOCAL_MACHINE) --steps 10 --repeats 2 --out runs/bench-local
 
 plans: venv
 	$(BIN)/python -m planner.examples
