@@ -141,7 +141,8 @@ def measure(
     if device_type == "cpu":
         meas["notes"].append(
             f"matmul timed in one process with torch.set_num_threads({threads}) = {cores} cores // {ranks} ranks "
-            "(each rank's share, as runtime.launch gives it); the other ranks were idle meanwhile"
+            "(each rank's share, as runtime.launch gives it); the other ranks were idle meanwhile; operands "
+            "rotated through 64 MiB so that they come from memory, as in training"
         )
 
     is_rank0 = launched is None or launched["rank"] == 0
@@ -257,6 +258,9 @@ def _matmul_plan(device_type: str, quick: bool) -> list[tuple[str, tuple[int, in
     return [(p, s) for p in ("bf16", "fp32") for s in shapes]
 
 
+COLD_BYTES = 64 << 20  # CPU matmul operands rotated through: more than the caches hold
+
+
 def _measure_matmul(device_type: str, threads: int, quick: bool, bar: "_Progress") -> list[dict[str, Any]]:
     import torch
 
@@ -270,11 +274,22 @@ def _measure_matmul(device_type: str, threads: int, quick: bool, bar: "_Progress
     try:
         for precision, (m, n, k) in plan:
             bar.describe(task, f"matmul {precision} {m}x{n}x{k}")
-            a = torch.randn(m, k, device=device_type, dtype=dtypes[precision])
-            b = torch.randn(k, n, device=device_type, dtype=dtypes[precision])
+            # Cold operands, as in training (every GEMM of a step reads weights and
+            # activations that the previous ones pushed out of cache): rotate through
+            # enough operand pairs to overflow a CPU's caches (GPUs: one pair).
+            pair_bytes = (m * k + k * n) * torch.tensor([], dtype=dtypes[precision]).element_size()
+            copies = max(1, min(16, -(-COLD_BYTES // pair_bytes))) if device_type == "cpu" else 1
+            a = [torch.randn(m, k, device=device_type, dtype=dtypes[precision]) for _ in range(copies)]
+            b = [torch.randn(k, n, device=device_type, dtype=dtypes[precision]) for _ in range(copies)]
             c = torch.empty(m, n, device=device_type, dtype=dtypes[precision])
+            turn = iter(range(1 << 62))
+
+            def gemm():
+                i = next(turn) % copies
+                torch.matmul(a[i], b[i], out=c)
+
             min_s = MATMUL_MIN_SECONDS[quick] if not (device_type == "cpu" and precision != "fp32") else 0.0
-            seconds = _time_repeated(lambda: torch.matmul(a, b, out=c), device_type, min_s)
+            seconds = _time_repeated(gemm, device_type, min_s)
             flops = 2.0 * m * n * k
             out.append({"precision": precision, "m": m, "n": n, "k": k, "d": round((m * n * k) ** (1 / 3), 3),
                         "seconds": seconds, "tflops": flops / seconds / 1e12})
