@@ -55,6 +55,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 
 from planner.errors import PlanError
 from planner.vocab import PAD_ID
@@ -368,7 +369,11 @@ class DPOTask:
         pipeline stage; None on the others)."""
         inputs, targets = shard_sequence(batch.to(self.device), self.cp_rank, self.cp)
         if runner is None:
-            return self._cp_sum(sequence_logps(parts[0](inputs), targets))
+            logps = self._cp_sum(sequence_logps(parts[0](inputs), targets))
+            for m in parts[0].modules():  # no backward follows: leave FSDP's parameters sharded
+                if isinstance(m, FSDPModule):
+                    m.reshard()
+            return logps
         self._captured = None
         runner.evaluate(inputs, targets)
         return self._captured

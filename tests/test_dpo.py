@@ -357,9 +357,15 @@ def test_every_layout_kind_equals_one_process(work, single):
     for world, layouts in ((2, SLOW_LAYOUTS_2), (4, SLOW_LAYOUTS_4)):
         runs = [[plan_file(tmp, name, make_plan(world, **lay)), "--pairs", str(pairs), "--out", str(tmp / name),
                  "--steps", "2", *COMMON] for name, lay in layouts.items()]
+        if world == 2:  # saved under ZeRO-1 with a precomputed reference, resumed under a 1F1B pipeline
+            moved = ["--pairs", str(pairs), "--out", str(tmp / "moved"), *COMMON, "--precompute-reference"]
+            runs += [[plan_file(tmp, "moved-zero1", make_plan(2, dp_shard=2, kind="zero1")), *moved, "--steps", "2"],
+                     [plan_file(tmp, "moved-pp", make_plan(2, pp=2, schedule="1f1b", gas=2)), *moved, "--steps", "4",
+                      "--resume"]]
         run_trainer(world, runs, timeout_s=500)
         for name in layouts:
             assert_same_steps(tmp / name, single, 2, name)
+    assert_same_steps(tmp / "moved", single, 4, "resumed under another layout")
 
 
 # --------------------------------------------------------------------------------------------
