@@ -170,6 +170,10 @@ class MachineModel(Spec):
         0.0, ge=0, description="Framework cost of launching one operator (Python dispatch, autograd, kernel launch), "
                                "microseconds; matters for small models and CPUs."
     )
+    dtensor_op_overhead_us: float = Field(
+        0.0, ge=0, description="Extra framework cost of one operator on tensor-parallel DTensors (sharding propagation, "
+                               "redistribution), microseconds; paid by every block's operators when tp > 1."
+    )
     step_overhead_s: float = Field(
         0.0, ge=0, description="Fixed cost of every optimizer step in the training framework (launches, clipping, loss sync), s."
     )

@@ -20,7 +20,7 @@ from planner.errors import PlanError
 from runtime.validate_local import _resolve_machine, predict
 
 # Figures `refit_from_runs` fits unless told otherwise (BOUNDS lists every one it can).
-FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "overlap_dp", "step_overhead_s", "op_overhead_us")
+FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "step_overhead_s", "op_overhead_us", "dtensor_op_overhead_us")
 
 
 def _get(machine, fig: str) -> float:
@@ -29,12 +29,13 @@ def _get(machine, fig: str) -> float:
             "overlap_dp": lambda: machine.overlap.dp,
             "step_overhead_s": lambda: machine.step_overhead_s,
             "op_overhead_us": lambda: machine.op_overhead_us,
+            "dtensor_op_overhead_us": lambda: machine.dtensor_op_overhead_us,
             "memory_bandwidth_gbps": lambda: machine.memory_bandwidth_gbps,
             "attention_efficiency_factor": lambda: machine.attention_efficiency_factor}[fig]()
 
 
 BOUNDS = {"peak_fraction": (0.02, 1.0), "half_dim": (0.0, 4096.0), "overlap_dp": (0.0, 1.0),
-          "step_overhead_s": (0.0, 2.0), "op_overhead_us": (0.0, 500.0), "memory_bandwidth_gbps": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
+          "step_overhead_s": (0.0, 2.0), "op_overhead_us": (0.0, 500.0), "dtensor_op_overhead_us": (0.0, 2000.0), "memory_bandwidth_gbps": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
 
 
 def with_figures(machine, figures: dict[str, float]):
@@ -53,6 +54,8 @@ def with_figures(machine, figures: dict[str, float]):
             m.step_overhead_s = max(v, 0.0)
         elif k == "op_overhead_us":
             m.op_overhead_us = max(v, 0.0)
+        elif k == "dtensor_op_overhead_us":
+            m.dtensor_op_overhead_us = max(v, 0.0)
         elif k == "memory_bandwidth_gbps":
             m.memory_bandwidth_gbps = v
         elif k == "attention_efficiency_factor":

@@ -251,3 +251,16 @@ def test_cpu_terms_optimizer_bytes_and_buffer_copies():
     with_copies, without = evaluate(m, slow, j, L), evaluate(m, no_copy, j, L)
     assert np.all(with_copies.dp_s > without.dp_s)
     assert np.all(with_copies.compute_s == without.compute_s)
+
+
+def test_dtensor_op_overhead_is_paid_by_tensor_parallel_layouts_only():
+    m = get_model("protein-small")
+    mach = load_machine("local")
+    j = job(gb=4, seq=64, precision=Precision.fp32)
+    L = Layouts.concat([lay(dp_replicate=2, mbs=2), lay(tp=2, mbs=4)])
+    base = evaluate(m, mach, j, L)
+    slow = evaluate(m, mach.model_copy(update={"dtensor_op_overhead_us": 100.0}), j, L)
+    extra = slow.compute_s - base.compute_s
+    assert extra[0] == 0.0
+    # 8 blocks x (forward + backward = 3 x 32 operators) x 100 us, one micro-batch
+    assert extra[1] == pytest.approx(8 * 96 * 100e-6, rel=1e-9)

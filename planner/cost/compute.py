@@ -117,9 +117,11 @@ def forward_overhead_s(machine: MachineModel, blocks) -> np.ndarray:
     return machine.op_overhead_us * 1e-6 * (np.asarray(blocks) * BLOCK_FORWARD_OPS + HEAD_FORWARD_OPS)
 
 
-def framework_overhead_s(machine: MachineModel, blocks, recompute) -> np.ndarray:
+def framework_overhead_s(machine: MachineModel, blocks, recompute, tp=1) -> np.ndarray:
     """Per micro-batch: op_overhead_us for every operator the blocks and the head launch in
-    forward, backward and recompute."""
+    forward, backward and recompute, plus dtensor_op_overhead_us for the blocks' operators
+    when they run on tensor-parallel DTensors."""
     rc = np.asarray(recompute)
     per_block = 3 * BLOCK_FORWARD_OPS + np.where(rc == RC_FULL, BLOCK_FORWARD_OPS, np.where(rc == RC_SELECTIVE, 1, 0))
-    return machine.op_overhead_us * 1e-6 * (blocks * per_block + 3 * HEAD_FORWARD_OPS)
+    dtensor = np.where(np.asarray(tp) > 1, machine.dtensor_op_overhead_us, 0.0)
+    return 1e-6 * ((machine.op_overhead_us + dtensor) * blocks * per_block + machine.op_overhead_us * 3 * HEAD_FORWARD_OPS)

@@ -174,7 +174,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     pp_bytes = np.where(u.sp == 1, M_act / t, M_act)
     pp_mb = np.where(u.pp > 1, 2 * v * comm.point_to_point(pp_bytes, pl_pp.alpha_s, pl_pp.beta_Bps) * (1 - ov.pp), 0.0)
     act_per_mb, act_fixed = activation_bytes(model, machine, job, u)
-    compute_mb = load * v * fb_layer + compute.framework_overhead_s(machine, blocks_on_rank, u.recompute)
+    compute_mb = load * v * fb_layer + compute.framework_overhead_s(machine, blocks_on_rank, u.recompute, u.tp)
     if job.reference_in_step:
         # The frozen reference model's forward over the same sequences (no backward, no
         # recompute); `load` counts the head in block units, so load x forward covers its share.
