@@ -44,7 +44,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import time
 import zlib
 from collections import Counter
@@ -55,7 +54,7 @@ import numpy as np
 
 from planner.errors import PlanError
 from runtime.fasta import _HashingRaw, is_gzip
-from runtime.prepare import _fresh_dir, _install, _makedirs, split_of
+from runtime.prepare import _discard, _fresh_dir, _install, _makedirs, split_of
 
 FORMAT = "exaplan-pairs"
 FORMAT_VERSION = 1
@@ -640,13 +639,7 @@ def _write(out: str, manifest: dict[str, Any], pairs: dict[str, _Indexed | list[
             f.write("\n")
         _install(tmp, out)
     except BaseException as err:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        for d in reversed(created):
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
+        _discard(tmp, created)
         if isinstance(err, OSError):
             raise PlanError(f"{out}: cannot write the pairs: {err}", field="--out") from err
         raise

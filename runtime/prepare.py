@@ -267,13 +267,7 @@ def prepare(fasta_paths: list[str], out_dir: str, *, max_len: int = 1024, val_fr
     except BaseException as err:
         for w in writers.values():
             w.abort()
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        for d in reversed(created):
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
+        _discard(tmp, created)
         if isinstance(err, OSError):        # disk full, permissions, ...
             raise PlanError(f"{out}: cannot write the prepared data: {err}") from err
         raise
@@ -307,6 +301,17 @@ def _makedirs(path: str) -> list[str]:
         p = os.path.dirname(p)
     os.makedirs(path, exist_ok=True)
     return list(reversed(missing))
+
+
+def _discard(tmp: str | None, created: list[str]) -> None:
+    """After a failed write: remove the temporary directory and the parents it created."""
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for d in reversed(created):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
 
 
 def _install(tmp: str, out: str) -> None:
