@@ -47,6 +47,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -318,6 +319,9 @@ class DPOTask:
         path = out / REFERENCE_FILE
         # The plan may say so too (job.reference: precomputed; its memory estimate then has no reference model).
         self.precompute = args.precompute_reference or not plan.job.reference_in_step
+        if self.precompute and plan.job.reference_in_step and dist.get_rank() == 0:
+            print("note: the plan has the reference model in the step (job.reference: in-step): its predicted time, "
+                  "memory and model FLOPs count a reference this run does not hold (--precompute-reference)", flush=True)
         if self.precompute:
             self.ref_table = self._load_table(path, key)
             if self.ref_table is not None and dist.get_rank() == 0:
@@ -333,13 +337,14 @@ class DPOTask:
                 part.eval()
             self.ref_runner = schedule(self.ref_parts)
             if self.precompute:
+                t0 = time.perf_counter()
                 with torch.no_grad():
                     self.ref_table = {"train": self._all_logps(self.ref_parts, self.ref_runner, self.train_set),
                                       "validation": self._all_logps(self.ref_parts, self.ref_runner, self.val_set)}
                 if dist.get_rank() == 0:
                     _save_table(path, key, self.ref_table)
                     print(f"reference log-probs of {len(self.train_set)} train and {len(self.val_set)} validation "
-                          f"pairs: {path}", flush=True)
+                          f"pairs in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
                 self.ref_parts = self.ref_runner = None  # no reference model kept in memory
 
     # ------------------------------------------------------------------------- forward

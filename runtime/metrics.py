@@ -14,7 +14,8 @@
 Throughput follows the planner's definitions (planner/cost/step.py), so that measured and
 predicted compare like for like: model FLOPs per token from
 `planner.cost.flops.model_flops_per_token(plan.model, plan.job.seq_len)` (forward + backward,
-no recompute), model TFLOP/s per device = tokens x that / step time / devices, MFU = that /
+no recompute; for DPO with the reference in the step, plus its forward,
+`reference_flops_per_token`, as the planner counts it), model TFLOP/s per device = tokens x that / step time / devices, MFU = that /
 `plan.machine.peak_flops(plan.job.precision)`. "Devices" are the plan's ranks
 (plan.world_size). The measured step time is the median over the steps after warm-up (the
 first `warmup_steps` = 2 steps logged by this process are left out: allocator, caches, lazy
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planner.cost.flops import model_flops_per_token
+from planner.cost.flops import model_flops_per_token, reference_flops_per_token
 from planner.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,21 @@ def describe_peak_memory(device=None) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def flops_per_token(plan: Plan) -> float:
+    """Model FLOPs per trained token as the planner counts them: the policy's forward +
+    backward, plus the frozen reference's forward when a dpo plan runs it in the step."""
+    f = model_flops_per_token(plan.model, plan.job.seq_len)
+    if plan.job.reference_in_step:
+        f += reference_flops_per_token(plan.model, plan.job.seq_len)
+    return f
+
+
 def throughput(plan: Plan, tokens: float, step_time_s: float) -> dict[str, float]:
     """tokens/s, model TFLOP/s per device and MFU of one step (the planner's definitions)."""
     if step_time_s <= 0:
         return {"tokens_per_s": math.nan, "model_tflops_per_device": math.nan, "mfu": math.nan}
     tps = tokens / step_time_s
-    model_flops_per_s = tps * model_flops_per_token(plan.model, plan.job.seq_len) / plan.world_size
+    model_flops_per_s = tps * flops_per_token(plan) / plan.world_size
     return {
         "tokens_per_s": tps,
         "model_tflops_per_device": model_flops_per_s / 1e12,
@@ -282,7 +292,7 @@ class MetricsWriter:
             "predicted_memory_gib": pred.memory_gib_per_device,
             "memory_error": _error(peak / GIB if peak is not None else None, pred.memory_gib_per_device),
             "peak_memory_measures": describe_peak_memory(self.device if self.device is not None else _default_device()),
-            "model_flops_per_token": model_flops_per_token(plan.model, plan.job.seq_len),
+            "model_flops_per_token": flops_per_token(plan),
             "peak_flops_per_device": plan.machine.peak_flops(plan.job.precision),
             "world_size": plan.world_size,
             "model": plan.model.name,
