@@ -238,13 +238,20 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 def check_args(args, plan) -> None:
     """Refuse what does not fit: a dpo plan without --pairs, DPO options with a pretraining
-    plan, pairs longer than the plan's sequence, bad beta / label smoothing / checkpoints."""
+    plan, pairs longer than the plan's sequence, bad beta / label smoothing / checkpoints
+    (--init is checked for pretraining plans too)."""
     from planner.specs import Workload
 
     dpo_only = [flag for flag, given in (("--pairs", args.pairs), ("--reference", args.reference),
                                          ("--precompute-reference", args.precompute_reference),
                                          ("--beta", args.beta is not None),
                                          ("--label-smoothing", args.label_smoothing is not None)) if given]
+    for flag, path in (("--init", args.init), ("--reference", args.reference)):
+        if path:
+            try:
+                resolve_checkpoint(path)
+            except PlanError as e:
+                raise PlanError(str(e), field=flag) from None
     if plan.job.workload != Workload.dpo:
         if dpo_only:
             raise PlanError(f"{', '.join(dpo_only)}: DPO options, but {args.plan} is a {plan.job.workload.value} plan "
@@ -263,12 +270,6 @@ def check_args(args, plan) -> None:
     eps = args.label_smoothing or 0.0
     if not 0 <= eps < 0.5:
         raise PlanError(f"must be in [0, 0.5), got {eps}", field="--label-smoothing")
-    for flag, path in (("--init", args.init), ("--reference", args.reference)):
-        if path:
-            try:
-                resolve_checkpoint(path)
-            except PlanError as e:
-                raise PlanError(str(e), field=flag) from None
     load_pair_sets(args.pairs, plan.job.seq_len)
 
 

@@ -56,15 +56,11 @@ def _check_workload(args) -> None:
     from planner.plan import load_plan
 
     plan = load_plan(args.plan)
-    if plan.job.workload.value == "dpo" or args.pairs or args.reference or args.precompute_reference \
-            or args.beta is not None or args.label_smoothing is not None:
+    if plan.job.workload.value == "dpo" or args.init or args.pairs or args.reference or args.precompute_reference \
+            or args.beta is not None or args.label_smoothing is not None:  # (runtime.dpo imports torch: only then)
         from runtime import dpo
 
         dpo.check_args(args, plan)
-    elif args.init:
-        from runtime.dpo import resolve_checkpoint
-
-        resolve_checkpoint(args.init)
 
 
 def lr_at(step: int, args) -> float:

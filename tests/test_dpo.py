@@ -9,9 +9,10 @@ Tolerances (fp32): losses and sequence log-probs 1e-5 relative; rewards and marg
 absolute (differences of log-probs of about -80, times beta 0.1); gradient norms 2e-5
 relative (AdamW and clipping would hide a wrong gradient scale from the losses).
 
-Time: the fast set is one spawn of 1 rank and one of 2 ranks (about 30 s together); every
-layout kind (cp, hsdp on 4 ranks, accumulation, recompute, all pipeline schedules) is in the
-slow set.
+Time: the fast set is one spawn of 1 rank and one of 2 ranks (about 20-30 s together, 40 s
+on a loaded machine); every layout kind (cp, hsdp on 4 ranks, accumulation, recompute, all
+pipeline schedules, resuming under another layout) is in the slow set, about 45 s, and so is
+the real effect on GB1 (about 2-3 minutes).
 """
 
 from __future__ import annotations
@@ -254,6 +255,7 @@ def test_bad_input_is_exit_2_with_a_message(tmp_path, capsys):
         ([dpo_plan, "--pairs", str(tmp_path)], "not a pairs directory"),
         ([dpo_plan, "--pairs", str(pairs), "--init", str(tmp_path / "nothing")], "--init"),
         ([dpo_plan, "--pairs", str(pairs), "--beta", "0"], "--beta"),
+        ([pretrain, "--init", str(tmp_path / "nothing")], "--init: checkpoint: no checkpoint at"),
     ]
     for argv, needle in cases:
         out = tmp_path / "out"
@@ -348,6 +350,21 @@ def test_two_rank_layouts_precompute_and_resume_equal_one_process(work, single):
     summary = json.loads((outs["straight"] / "summary.json").read_text())
     assert summary["val_loss"] == pytest.approx(val["val_loss"])
     assert summary["val_reward_accuracy"] == val["reward_accuracy"]
+    _check_dpo_eval(outs["straight"], pairs, val, tmp)
+
+
+def _check_dpo_eval(run: Path, pairs: Path, val: dict, tmp: Path) -> None:
+    """runtime.dpo_eval on the run's last checkpoint, in one process: its pair accuracy is the
+    trainer's final validation log-prob accuracy; the Spearman correlation is computed."""
+    from runtime import dpo_eval
+    from runtime.pairs import read_pairs
+
+    table = tmp / "scored.csv"
+    rows = [f"{p.chosen},{i % 5 - 2.0},validation" for i, p in enumerate(read_pairs(pairs, "validation"))]
+    table.write_text("sequence,score,set\n" + "\n".join(rows) + "\n")
+    out = dpo_eval.evaluate(run, pairs, table)
+    assert out["pair_accuracy"] == val["logp_accuracy"] and out["pairs"] == 6 and out["sequences"] == 6
+    assert -1 <= out["spearman"] <= 1
 
 
 @pytest.mark.slow
