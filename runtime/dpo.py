@@ -8,11 +8,9 @@ of log p(token), next-token log-softmax in fp32):
     z    = beta * ((pi_c - ref_c) - (pi_r - ref_r))
     loss = -(1 - eps) * logsigmoid(z) - eps * logsigmoid(-z)      (eps: label smoothing)
 
-averaged over the pairs of the global batch. Metrics per step and per validation: loss,
-reward accuracy (the chosen implicit reward beta (pi_c - ref_c) strictly above the rejected
-one; ties, e.g. at the start when policy = reference, count as wrong), reward margin, mean
-rewards, the policy's mean log-probabilities and its log-probability accuracy (pi_c > pi_r:
-does the policy alone prefer the chosen sequence; this is comparable before and after tuning).
+averaged over the pairs of the global batch. Metrics (STAT_KEYS): loss, reward accuracy
+(beta (pi_c - ref_c) strictly above beta (pi_r - ref_r): ties, as at the start, are wrong),
+margin, mean rewards and log-probs, log-prob accuracy (pi_c > pi_r: the policy alone).
 
 Batches. The global batch and the plan's micro-batch size count PAIRS: a micro-batch of mbs
 pairs is one forward of 2 mbs sequences (mbs chosen, then their mbs rejected), so pipeline,
@@ -22,10 +20,9 @@ framed as in pretraining, `<bos> residues <eos>`, padded with <pad> to seq_len +
 
 Layouts. Every layout kind of the pretraining runtime works: the loss is a function of the
 logits of one micro-batch and the reference log-probabilities of its pairs.
-  * context parallelism: each cp rank sums the log-probabilities of its slice of the
-    sequence; `_SumOverCP` adds them over the cp group (backward: the sum of the gradients,
-    which the mean over dp x cp of the gradient reduction turns back into the gradient of
-    the loss);
+  * context parallelism: `_SumOverCP` adds the cp ranks' partial log-probs (backward: the sum
+    of the gradients, which the gradient reduction's mean over dp x cp turns back into the
+    gradient of the loss);
   * pipelines: the schedule computes the loss on the last stage from (logits, target) of a
     micro-batch, so the target tensor carries one extra column, the reference
     log-probability of each sequence as the bits of a float64 (`_encode`): it is split into
