@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "i.e. weak scaling as in the seed runs)")
     c.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
     c.add_argument("--precision", choices=["bf16", "fp16", "fp32"])
+    c.add_argument("--workload", choices=["pretrain", "dpo"], default="pretrain",
+                   help="dpo: the global batch counts pairs (default 4 per rank), plus the frozen reference model")
+    c.add_argument("--reference", choices=["in-step", "precomputed"], default="in-step",
+                   help="dpo: the reference model runs in every step, or its log-probabilities were precomputed")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP)
     c.add_argument("--json", action="store_true")
 
@@ -413,12 +417,13 @@ def cmd_run(args) -> int:
     from planner.plan import load_plan
 
     plan = load_plan(targs.plan)
-    check_run_inputs(targs)
+    check_run_inputs(targs, plan)
     return launch.spawn_local(plan, args.rest)
 
 
-def check_run_inputs(targs) -> None:
-    """What can be refused before any rank starts: steps, the output folder, the data."""
+def check_run_inputs(targs, plan=None) -> None:
+    """What can be refused before any rank starts: steps, the output folder, the data (the
+    pretraining sequences; a dpo plan trains on --pairs, which the trainer checks)."""
     from pathlib import Path
 
     from runtime import checkpoint, data
@@ -431,7 +436,8 @@ def check_run_inputs(targs) -> None:
     if not targs.resume and checkpoint.latest(ckpts) is not None:
         raise PlanError(f"{ckpts} already holds checkpoints: pass --resume to continue, or choose another --out", field="--out")
     # Prepare (or check) the data here, once, so that bad input fails before the ranks start.
-    data.ensure_prepared(targs.data, Path(targs.out) / "data", rank=0)
+    if plan is None or plan.job.workload.value != "dpo":
+        data.ensure_prepared(targs.data, Path(targs.out) / "data", rank=0)
 
 
 def cmd_data(args) -> int:

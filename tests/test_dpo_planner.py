@@ -117,3 +117,28 @@ def test_cli_estimate_and_plan_dpo(capsys, in_tmp):
         main(["estimate", *args, "--dp", "16", "--mbs", "1", "--workload", "sft"])
     assert e.value.code == 2
     assert "invalid choice: 'sft'" in capsys.readouterr().err
+
+
+def test_capacity_sweeps_dpo(capsys):
+    argv = ["capacity", "--model", "protein-3.5b", "--machine", "frontier", "--tokens", "1e11", "--nodes", "64,128", "--json"]
+    assert main(argv) == 0
+    pre = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--workload", "dpo"]) == 0
+    dpo = json.loads(capsys.readouterr().out)
+    # The same 8 sequences per rank, as 4 pairs: slower per token (the reference's forward).
+    assert len(pre["rows"]) == len(dpo["rows"]) == 2
+    for p, d in zip(pre["rows"], dpo["rows"]):
+        assert d["global_batch"] * 2 == p["global_batch"]
+        assert d["tokens_per_s"] < p["tokens_per_s"]
+
+
+def test_run_checks_do_not_prepare_pretraining_data_for_dpo(in_tmp):
+    from types import SimpleNamespace
+
+    from planner.cli import check_run_inputs
+
+    assert main(["plan", "--model", "protein-tiny", "--machine", "local", "--global-batch", "8", "--seq-len", "64",
+                 "--workload", "dpo", "-o", "dpo.yaml"]) == 0
+    targs = SimpleNamespace(steps=2, out=str(in_tmp / "out"), resume=False, data=None)
+    check_run_inputs(targs, load_plan(in_tmp / "dpo.yaml"))
+    assert not (in_tmp / "out" / "data").exists()
