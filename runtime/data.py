@@ -475,12 +475,12 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("dir")
     i.add_argument("--json", action="store_true", help="print the manifest")
     sub.add_parser("sample", help="print the path of the shipped UniProt sample FASTA")
-    from runtime import pairs
+    from runtime import pairs_cli
 
-    pairs.add_parser(sub)       # `exaplan data pairs`: DPO preference pairs (runtime/pairs.py)
+    pairs_cli.add_parser(sub)   # `exaplan data pairs`: DPO preference pairs (runtime/pairs.py)
     args = ap.parse_args(argv)
     if args.action == "pairs":
-        return pairs.run_cli(args)
+        return pairs_cli.run_cli(args)
     if args.action == "sample":
         print(sample_fasta_path())
         return 0

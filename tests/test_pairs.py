@@ -16,8 +16,9 @@ import pytest
 
 from planner.cli import main
 from planner.errors import PlanError
-from runtime.pairs import (FORMAT, HEADER, SPLITS, Pair, build_pairs, describe, gb1_sample_path, load_manifest,
-                           read_pairs, read_scored_sequences)
+from runtime.pairs import (FORMAT, HEADER, SPLITS, Pair, build_pairs, gb1_sample_path, load_manifest, read_pairs,
+                           read_scored_sequences)
+from runtime.pairs_cli import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("manifest.json", "train.tsv", "validation.tsv", "test.tsv")
