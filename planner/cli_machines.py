@@ -87,7 +87,8 @@ def _calibrate_from_runs(args, base, out) -> int:
             raise PlanError(f"{d}: not a finished `exaplan run` folder (needs summary.json and plan.yaml)", field="--from-runs")
     report = holdout_report(dirs, base) if len(dirs) >= 4 else None
     machine = refit_from_runs(dirs, base)
-    header = f"# Refitted by: exaplan {' '.join(sys.argv[1:])}\n# from {len(dirs)} runs: {', '.join(d.name for d in dirs)}\n"
+    names = [f"{d.parent.name}/{d.name}" if d.name.startswith("repeat-") else d.name for d in dirs]
+    header = f"# Refitted by: exaplan {' '.join(sys.argv[1:])}\n# from {len(dirs)} runs: {', '.join(names)}\n"
     _atomic_write(out, header + yaml.safe_dump(machine.model_dump(mode="json"), sort_keys=False))
     summary = None if report is None else {k: report[k] for k in ("median_abs_test_before", "median_abs_test_after",
                                                                   "median_abs_train_before", "median_abs_train_after",
@@ -97,9 +98,12 @@ def _calibrate_from_runs(args, base, out) -> int:
         return 0
     console = _console(args)
     if summary:
-        console.print(f"held-out runs ({', '.join(summary['test'])}): median |step-time error| "
-                      f"{summary['median_abs_test_before']:.1%} before, {summary['median_abs_test_after']:.1%} after "
-                      f"refitting on {', '.join(summary['train'])}")
+        def layouts(names):
+            return ", ".join(sorted({n.split("/")[0] for n in names}))
+
+        console.print(f"held-out layouts ({layouts(summary['test'])}; {len(summary['test'])} runs): median |step-time "
+                      f"error| {summary['median_abs_test_before']:.1%} before, {summary['median_abs_test_after']:.1%} after "
+                      f"refitting on the others ({layouts(summary['train'])}; {len(summary['train'])} runs)")
         console.print("figures: " + ", ".join(f"{k} {summary['figures_before'][k]:.3g} -> {v:.3g}" for k, v in summary["figures_after"].items()))
     console.print(f"wrote {out} (fitted on all {len(dirs)} runs)")
     return 0

@@ -20,7 +20,8 @@ from planner.errors import PlanError
 from runtime.validate_local import _resolve_machine, predict
 
 # Figures `refit_from_runs` fits unless told otherwise (BOUNDS lists every one it can).
-FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "step_overhead_s", "op_overhead_us", "dtensor_op_overhead_us")
+FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "step_overhead_s", "op_overhead_us", "dtensor_op_overhead_us",
+                       "optimizer_bytes_per_param", "allreduce_efficiency", "rs_ag_efficiency")
 
 
 def _get(machine, fig: str) -> float:
@@ -30,12 +31,18 @@ def _get(machine, fig: str) -> float:
             "step_overhead_s": lambda: machine.step_overhead_s,
             "op_overhead_us": lambda: machine.op_overhead_us,
             "dtensor_op_overhead_us": lambda: machine.dtensor_op_overhead_us,
+            "optimizer_bytes_per_param": lambda: machine.optimizer_bytes_per_param or 28.0,
+            "allreduce_efficiency": lambda: machine.collective_efficiency.allreduce,
+            "dp_buffer_copies": lambda: machine.dp_buffer_copies,
+            "rs_ag_efficiency": lambda: (machine.collective_efficiency.reduce_scatter
+                                         * machine.collective_efficiency.all_gather) ** 0.5,
             "memory_bandwidth_gbps": lambda: machine.memory_bandwidth_gbps,
             "attention_efficiency_factor": lambda: machine.attention_efficiency_factor}[fig]()
 
 
 BOUNDS = {"peak_fraction": (0.02, 1.0), "half_dim": (0.0, 4096.0), "overlap_dp": (0.0, 1.0),
-          "step_overhead_s": (0.0, 2.0), "op_overhead_us": (0.0, 500.0), "dtensor_op_overhead_us": (0.0, 2000.0), "memory_bandwidth_gbps": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
+          "step_overhead_s": (0.0, 2.0), "op_overhead_us": (0.0, 500.0), "dtensor_op_overhead_us": (0.0, 2000.0), "optimizer_bytes_per_param": (8.0, 400.0),
+          "allreduce_efficiency": (0.02, 1.0), "rs_ag_efficiency": (0.02, 1.0), "dp_buffer_copies": (0.0, 6.0), "memory_bandwidth_gbps": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
 
 
 def with_figures(machine, figures: dict[str, float]):
@@ -56,6 +63,15 @@ def with_figures(machine, figures: dict[str, float]):
             m.op_overhead_us = max(v, 0.0)
         elif k == "dtensor_op_overhead_us":
             m.dtensor_op_overhead_us = max(v, 0.0)
+        elif k == "optimizer_bytes_per_param":
+            m.optimizer_bytes_per_param = max(v, 1.0)
+        elif k == "dp_buffer_copies":
+            m.dp_buffer_copies = max(v, 0.0)
+        elif k == "allreduce_efficiency":
+            m.collective_efficiency = m.collective_efficiency.model_copy(update={"allreduce": min(max(v, 0.01), 1.0)})
+        elif k == "rs_ag_efficiency":  # both at one figure: the runs seldom tell them apart
+            v = min(max(v, 0.01), 1.0)
+            m.collective_efficiency = m.collective_efficiency.model_copy(update={"reduce_scatter": v, "all_gather": v})
         elif k == "memory_bandwidth_gbps":
             m.memory_bandwidth_gbps = v
         elif k == "attention_efficiency_factor":
@@ -72,6 +88,27 @@ class MeasuredRun:
     plan: Any
     measured_step_time_s: float
     measured_memory_gib: float | None
+    # Medians over the steps after warm-up of the phases `exaplan run` logs (None in older
+    # runs): forward + backward (with the data-parallel traffic FSDP/DDP run inside it) and
+    # clipping + optimizer (with ZeRO's reduce-scatter and all-gather).
+    measured_forward_backward_s: float | None = None
+    measured_optimizer_s: float | None = None
+
+
+WARMUP_STEPS = 2
+
+
+def _phases(metrics: Path) -> tuple[float | None, float | None]:
+    if not metrics.exists():
+        return None, None
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("kind") == "train" and "forward_backward_s" in r]
+    rows = rows[WARMUP_STEPS:] if len(rows) > WARMUP_STEPS else rows
+    if not rows:
+        return None, None
+    fb = float(np.median([r["forward_backward_s"] for r in rows]))
+    opt = float(np.median([r["clip_s"] + r["optimizer_s"] for r in rows]))
+    return fb, opt
 
 
 def load_runs(run_dirs: Iterable[Path]) -> list[MeasuredRun]:
@@ -84,14 +121,31 @@ def load_runs(run_dirs: Iterable[Path]) -> list[MeasuredRun]:
         if not s.exists() or not p.exists():
             raise PlanError(f"{d}: needs summary.json and plan.yaml (a run directory of `exaplan validate --local`)", field="runs")
         summ = json.loads(s.read_text())
-        runs.append(MeasuredRun(d.name, load_plan(p), float(summ["measured_step_time_s"]), summ.get("peak_memory_gib")))
+        fb, opt = _phases(d / "metrics.jsonl")
+        # validate --local keeps repeated runs of a layout in LAYOUT/repeat-N: name them so
+        name = f"{d.parent.name}/{d.name}" if d.name.startswith(("repeat-", "memory")) else d.name
+        runs.append(MeasuredRun(name, load_plan(p), float(summ["measured_step_time_s"]), summ.get("peak_memory_gib"),
+                                fb, opt))
     if not runs:
         raise PlanError("no run directories given", field="runs")
     return runs
 
 
 def _log_residuals(runs: list[MeasuredRun], machine) -> np.ndarray:
-    return np.array([math.log(predict(r.plan, machine)["step_time_s"] / r.measured_step_time_s) for r in runs])
+    """log(predicted / measured): the step time, or where the run logged its phases, the
+    forward + backward and the clipping + optimizer parts separately (which tells a slow
+    optimizer from slow compute, where the step time alone cannot)."""
+    out = []
+    for r in runs:
+        p = predict(r.plan, machine)
+        if r.measured_forward_backward_s and r.measured_optimizer_s:
+            zero = r.plan.sharding.kind.value in ("zero1", "zero2")
+            opt = p["optimizer_s"] + (p["dp_s"] if zero else 0.0)  # ZeRO communicates in the step
+            out += [math.log((p["step_time_s"] - opt) / r.measured_forward_backward_s),
+                    math.log(opt / r.measured_optimizer_s)]
+        else:
+            out.append(math.log(p["step_time_s"] / r.measured_step_time_s))
+    return np.array(out)
 
 
 def refit_from_runs(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGURES_DEFAULT, ranks: int | None = None,
@@ -133,10 +187,13 @@ def refit_from_runs(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGU
 def holdout_report(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGURES_DEFAULT, test_every: int = 2,
                    offset: int = 1) -> dict[str, Any]:
     """Refit on some runs and measure the step-time error on the others, before and after.
-    Runs sorted by name; every `test_every`-th from `offset` is held out. Returns the fitted
-    figures and per-run errors (measured / predicted - 1) on both sets."""
+    Layouts sorted by name; every `test_every`-th from `offset` is held out, with all its runs
+    (repeats of a held-out layout never train the fit). Returns the fitted figures and per-run
+    errors (measured / predicted - 1) on both sets."""
     runs = sorted(load_runs(run_dirs), key=lambda r: r.name)
-    test = [r for i, r in enumerate(runs) if i % test_every == offset % test_every]
+    layouts = sorted({r.name.split("/")[0] for r in runs})
+    held = {name for i, name in enumerate(layouts) if i % test_every == offset % test_every}
+    test = [r for r in runs if r.name.split("/")[0] in held]
     train = [r for r in runs if r not in test]
     if not train or not test:
         raise PlanError("needs at least 2 runs to hold some out", field="runs")

@@ -67,8 +67,9 @@ def test_summarise_targets():
     assert s["median_abs_memory_error_raw"] == pytest.approx(0.3)
 
 
-def _synthetic_runs(tmp_path: Path, base, truth, names=None) -> list[Path]:
-    """Run directories whose measured step time is what the `truth` machine predicts."""
+def _synthetic_runs(tmp_path: Path, base, truth, names=None, phases=False) -> list[Path]:
+    """Run directories whose measured step time is what the `truth` machine predicts (with
+    `phases`, also metrics.jsonl records of forward+backward, clip and optimizer time)."""
     dirs = []
     for lay in vl.default_layouts(2, seq_len=32):
         if names and lay["name"] not in names:
@@ -79,6 +80,12 @@ def _synthetic_runs(tmp_path: Path, base, truth, names=None) -> list[Path]:
         (d / "summary.json").write_text(json.dumps(dict(measured_step_time_s=true["step_time_s"],
                                                         predicted_step_time_s=plan.prediction.step_time_s,
                                                         peak_memory_gib=1.0, predicted_memory_gib=1.0)))
+        if phases:
+            zero = plan.sharding.kind.value.startswith("zero")
+            opt = true["optimizer_s"] + (true["dp_s"] if zero else 0.0)
+            rec = dict(kind="train", step_time_s=true["step_time_s"], forward_backward_s=true["step_time_s"] - opt,
+                       clip_s=0.0, optimizer_s=opt)
+            (d / "metrics.jsonl").write_text("\n".join(json.dumps(dict(rec, step=i)) for i in range(5)) + "\n")
         dirs.append(d)
     return dirs
 
@@ -91,6 +98,40 @@ def test_refit_recovers_known_figures(tmp_path):
     assert fitted.calibrated
     assert fitted.matmul_efficiency.peak_fraction == pytest.approx(0.4, rel=0.05)
     assert fitted.step_overhead_s == pytest.approx(0.05, rel=0.1, abs=0.005)
+
+
+def test_refit_with_phases_tells_the_optimizer_from_the_collectives(tmp_path):
+    """The phases `exaplan run` logs (forward+backward vs clip+optimizer) separate figures
+    that the step time alone trades against each other: the optimizer's bytes per parameter
+    and the collectives' efficiency (ZeRO communicates in its step, FSDP and DDP in backward)."""
+    base = detect_local_machine(2)
+    truth = rl.with_figures(base, dict(optimizer_bytes_per_param=120.0, allreduce_efficiency=0.4, rs_ag_efficiency=0.2))
+    dirs = _synthetic_runs(tmp_path, base, truth, phases=True)
+    runs = rl.load_runs(dirs)
+    assert all(r.measured_forward_backward_s and r.measured_optimizer_s for r in runs)
+    figures = ("optimizer_bytes_per_param", "allreduce_efficiency", "rs_ag_efficiency")
+    fitted = rl.refit_from_runs(dirs, base, figures=figures)
+    assert fitted.optimizer_bytes_per_param == pytest.approx(120.0, rel=0.05)
+    assert fitted.collective_efficiency.allreduce == pytest.approx(0.4, rel=0.05)
+    assert fitted.collective_efficiency.reduce_scatter == pytest.approx(0.2, rel=0.05)
+    assert fitted.collective_efficiency.all_gather == pytest.approx(0.2, rel=0.05)
+
+
+def test_holdout_keeps_the_repeats_of_a_layout_together(tmp_path):
+    base = detect_local_machine(2)
+    truth = rl.with_figures(base, dict(peak_fraction=0.5))
+    dirs = _synthetic_runs(tmp_path, base, truth, names=("ddp-b25", "fsdp", "zero1", "tp2"))
+    repeats = []
+    for d in dirs:  # a second run of each layout, as validate --local --repeats 2 leaves it
+        r = d / "repeat-1"
+        r.mkdir()
+        for f in ("plan.yaml", "summary.json"):
+            (r / f).write_text((d / f).read_text())
+        repeats.append(r)
+    rep = rl.holdout_report(dirs + repeats, base, figures=("peak_fraction",))
+    assert "fsdp/repeat-1" in rep["train"] + rep["test"]
+    for name in rep["test"]:
+        assert not any(t.split("/")[0] == name.split("/")[0] for t in rep["train"])
 
 
 def test_holdout_report_reduces_error(tmp_path):

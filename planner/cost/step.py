@@ -235,9 +235,11 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     # a flat buffer and copy-out; DDP's and ZeRO's bucket copies): in line on a CPU, hidden
     # on the communication stream of a GPU (machine.dp_buffer_copies passes, read + write).
     copy_s = machine.dp_buffer_copies * 2.0 / (machine.memory_bandwidth_gbps * 1e9)
+    # ZeRO's gradients already sit in its flat buckets (hooks add them during backward) and
+    # only the all-gathered weights are copied back: half the passes, on the all-gather.
     for r in rsag_codes:
-        zero_rs = comm.reduce_scatter(r, pl_grad, M_grad / zb) + copy_s * M_grad / zb
-        ag_grad_group = comm.all_gather(r, pl_grad, M_w) + copy_s * M_w
+        zero_rs = comm.reduce_scatter(r, pl_grad, M_grad / zb)
+        ag_grad_group = comm.all_gather(r, pl_grad, M_w) + copy_s / 2 * M_w
         ag_block = comm.all_gather(r, pl_shard, M_w / n_blocks) + copy_s * M_w / n_blocks
         rs_block = comm.reduce_scatter(r, pl_shard, M_grad / n_blocks) + copy_s * M_grad / n_blocks
         refetch = np.where(s == SH_GRAD_OP, 0.0, 1.0)
@@ -267,7 +269,8 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     # copy), plus the framework's fixed cost per step.
     per_param = machine.optimizer_bytes_per_param or (30.0 if job.precision != Precision.fp32 else 28.0)
     optimizer_s = opt_params * per_param / (machine.memory_bandwidth_gbps * 1e9)
-    tensors = n_blocks * compute.TENSORS_PER_BLOCK + 3
+    # Operators the optimizer launches: per parameter tensor, or per flat bucket under ZeRO.
+    tensors = np.where(zero, zb, n_blocks * compute.TENSORS_PER_BLOCK + 3)
     optimizer_s = optimizer_s + machine.step_overhead_s + machine.op_overhead_us * 1e-6 * compute.OPTIMIZER_OPS_PER_TENSOR * tensors
     return MeshCosts(
         F_total, F_floor, K_total, K_floor,
