@@ -351,9 +351,11 @@ def fit_details(meas: dict[str, Any], base: MachineModel) -> CalibrationFit:
                 update["inter_node_latency_us"] = f.alpha_us
                 update["nic_gbps"] = f.beta_gbps * 8 / base.nics_per_node
 
-    # Reduce-scatter and all-gather against the allreduce the link figures came from.
+    # Reduce-scatter and all-gather against the allreduce the link figures came from (times
+    # what the base says allreduce itself reaches in training: 1 on GPUs, ~0.3 with gloo).
     if source == "allreduce" and nodes == 1:
-        ceff = {k: min(1.0, max(0.01, fits[k].beta_gbps / fits[source].beta_gbps))
+        ar = base.collective_efficiency.allreduce
+        ceff = {k: min(1.0, max(0.01, ar * fits[k].beta_gbps / fits[source].beta_gbps))
                 for k in ("reduce_scatter", "all_gather") if k in fits}
         if ceff:
             update["collective_efficiency"] = {**base.collective_efficiency.model_dump(), **ceff}

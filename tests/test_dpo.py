@@ -427,3 +427,28 @@ def test_dpo_on_gb1_pairs_raises_held_out_pair_accuracy(tmp_path):
     assert after["pair_accuracy"] >= before["pair_accuracy"] + 0.10
     summary = json.loads((tmp_path / "tune" / "summary.json").read_text())
     assert summary["val_pairs"] == after["pairs"] and summary["val_reward_accuracy"] > 0.6
+
+
+@pytest.mark.timeout(600)
+def test_dpo_learns_gb1_preferences_in_ci(tmp_path):
+    """The CI-sized version of the test above: no pretraining (one step at a negligible
+    learning rate only writes the initial model's checkpoint), then 60 DPO steps of 32 GB1
+    pairs on 2 CPU ranks (about a minute). The untuned model ranks the held-out pairs at
+    chance; DPO must lift that by at least 10 points (measured: 0.508 -> 0.670 in 77 s)."""
+    from runtime import dpo_eval
+
+    tiny = ["--model", "protein-tiny", "--machine", "local", "--nodes", "1", "--dp", "2", "--shard", "none"]
+    _exaplan("estimate", *tiny, "--seq-len", "64", "--global-batch", "4", "--mbs", "2", "-o", "init.yaml", cwd=tmp_path)
+    _exaplan("run", "init.yaml", "--steps", "1", "--lr", "1e-12", "--warmup", "1", "--val-every", "0", "--val-batches",
+             "1", "--out", "init", cwd=tmp_path)
+    _exaplan("data", "pairs", "-o", "gb1", cwd=tmp_path)
+    _exaplan("estimate", *tiny, "--seq-len", "64", "--global-batch", "32", "--mbs", "16", "--workload", "dpo",
+             "--reference", "precomputed", "-o", "dpo.yaml", cwd=tmp_path)
+    _exaplan("run", "dpo.yaml", "--pairs", "gb1", "--init", "init", "--steps", "60", "--lr", "2e-3", "--warmup", "5",
+             "--val-every", "0", "--val-pairs", "400", "--out", "tune", cwd=tmp_path)
+    before = dpo_eval.evaluate(tmp_path / "init", tmp_path / "gb1")
+    after = dpo_eval.evaluate(tmp_path / "tune", tmp_path / "gb1")
+    print(f"held-out pair accuracy {before['pair_accuracy']:.3f} -> {after['pair_accuracy']:.3f}")
+    assert before["pairs"] == after["pairs"] > 1000
+    assert abs(before["pair_accuracy"] - 0.5) < 0.1  # an untrained model is at chance
+    assert after["pair_accuracy"] >= before["pair_accuracy"] + 0.10

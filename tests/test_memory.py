@@ -255,7 +255,7 @@ def test_cpu_terms_optimizer_bytes_and_buffer_copies():
 
 def test_dtensor_op_overhead_is_paid_by_tensor_parallel_layouts_only():
     m = get_model("protein-small")
-    mach = load_machine("local")
+    mach = load_machine("local").model_copy(update={"dtensor_op_overhead_us": 0.0})
     j = job(gb=4, seq=64, precision=Precision.fp32)
     L = Layouts.concat([lay(dp_replicate=2, mbs=2), lay(tp=2, mbs=4)])
     base = evaluate(m, mach, j, L)
