@@ -29,7 +29,9 @@ LOCAL_FILE = PRESET_DIR / f"{LOCAL}.yaml"
 DEFAULT_LOCAL_RANKS = 2
 
 # --- Defaults for the local CPU machine (cpu-field-notes.md: 2-core AMD EPYC, AVX2, gloo) ---
-CPU_MATMUL_GFLOPS_PER_CORE = 65.0  # measured fp32 matmul 2048^3 on one thread
+CPU_MATMUL_GFLOPS_PER_CORE = 65.0  # measured fp32 matmul 2048^3 on one thread (AVX2 EPYC)
+# With AVX-512 (e.g. this project's Xeon host): fp32 2048^3 on one thread, operands from memory.
+CPU_MATMUL_GFLOPS_PER_CORE_AVX512 = 150.0
 CPU_MATMUL_DIM = 2048  # the size that figure was measured at
 CPU_MATMUL_EFFICIENCY = MatmulEfficiency(peak_fraction=0.8, half_dim=128.0)
 CPU_LOW_PRECISION_SLOWDOWN = 200.0  # bf16/fp16 matmul: ~0.3 GFLOP/s, 200x slower than fp32
@@ -112,7 +114,8 @@ def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
     oversubscription = max(1.0, ranks / cores)  # ranks sharing a core also share its comm work
 
     # Peak chosen so that peak x efficiency(2048) = the measured 65 GFLOP/s per core.
-    peak_gflops_per_core = CPU_MATMUL_GFLOPS_PER_CORE / _efficiency(CPU_MATMUL_EFFICIENCY, CPU_MATMUL_DIM)
+    measured = CPU_MATMUL_GFLOPS_PER_CORE_AVX512 if "avx512f" in _cpu_flags() else CPU_MATMUL_GFLOPS_PER_CORE
+    peak_gflops_per_core = measured / _efficiency(CPU_MATMUL_EFFICIENCY, CPU_MATMUL_DIM)
     fp32_tflops = peak_gflops_per_core * cores_per_rank / 1e3
     low_tflops = fp32_tflops / CPU_LOW_PRECISION_SLOWDOWN
 
@@ -124,9 +127,11 @@ def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
         name=LOCAL,
         description=(
             f"This machine, detected: {cores} cores, {memory_gib:.1f} GiB, split into {ranks} CPU ranks "
-            f"({_cpu_model()}). Uncalibrated defaults from cpu-field-notes.md: fp32 matmul 65 GFLOP/s "
-            "per core at 2048^3, bf16/fp16 ~200x slower, ~20 GB/s memory bandwidth shared, gloo on "
-            "loopback ~0.8 GB/s with a 2.5 ms allreduce intercept. Run a calibration to replace them."
+            f"({_cpu_model()}). Uncalibrated defaults: fp32 matmul {measured:g} GFLOP/s per core at "
+            "2048^3 (AVX2: cpu-field-notes.md; AVX-512: measured on the project's Xeon host), bf16/fp16 "
+            "~200x slower, ~20 GB/s memory bandwidth shared, gloo on loopback ~0.8 GB/s with a 2.5 ms "
+            "allreduce intercept; framework figures fitted from training runs (loader.py). Run a "
+            "calibration to replace them."
         ),
         device_name=f"CPU rank ({_cpu_model()})",
         devices_per_node=ranks,
@@ -272,6 +277,17 @@ def _memory_gib() -> float:
     except OSError:
         pass
     return total_bytes / 2**30
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _cpu_model() -> str:
