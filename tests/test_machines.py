@@ -155,13 +155,23 @@ def test_local_detection_is_sane(no_local_file):
     assert m.collective_library == CollectiveLibrary.gloo and [a.value for a in m.algorithms] == ["ring"]
     assert not m.flash_attention and not m.calibrated
     assert 0.1 < m.device_memory_gib * 2 < 16384
-    # fp32 achieved at a 2048 GEMM ~ 65 GFLOP/s per core, split between the ranks
+    # fp32 achieved at a 2048 GEMM: 65 GFLOP/s per core (AVX2), 150 with AVX-512, split
+    # between the ranks
+    per_core = 150e9 if "avx512f" in loader._cpu_flags() else 65e9
     achieved = m.peak_flops(Precision.fp32) * loader._efficiency(m.matmul_efficiency, 2048)
-    assert achieved == pytest.approx(65e9 * cores / 2, rel=1e-6)
+    assert achieved == pytest.approx(per_core * cores / 2, rel=1e-6)
     ratio = m.peak_flops(Precision.fp32) / m.peak_flops(Precision.bf16)
     assert 100 < ratio < 400
     assert m.intra_node_latency_us > 100  # gloo on loopback: milliseconds, not microseconds
     assert m.overlap.dp < 0.5 and m.memory_reserve_gib < 1
+
+
+def test_local_gemm_default_follows_the_cpu_flags(no_local_file, monkeypatch):
+    monkeypatch.setattr(loader, "_cpu_flags", lambda: {"avx2", "fma"})
+    avx2 = load_machine("local")
+    monkeypatch.setattr(loader, "_cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    avx512 = load_machine("local")
+    assert avx512.peak_flops(Precision.fp32) / avx2.peak_flops(Precision.fp32) == pytest.approx(150 / 65)
 
 
 def test_local_honours_ranks(no_local_file):
