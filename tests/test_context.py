@@ -6,8 +6,8 @@ AdamW steps with clipping active; the losses and gradient norms of every step an
 parameters under each layout must equal those of one process running the whole model on the
 whole global batch. Each rank takes its data-parallel rows of the global batch, cuts them into
 the layout's micro-batches and keeps its cp slice of every micro-batch (shard_sequence); the
-runtime's functions run in the trainer's order: apply_tp, apply_cp, apply_recompute,
-apply_data_parallel on the meta device, then to_empty, init_weights, setup_rope,
+model is built by the trainer's own build_model (apply_tp, apply_cp, apply_recompute,
+apply_data_parallel on the meta device, then to_empty, init_weights, setup_rope), then
 build_optimizer (and build_schedule with (mbs, seq / cp) under pipeline parallelism).
 
 Fast set: the sequence helpers and the masked attention core (one process), and cp 2 alone
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from dist_helpers import run_on_ranks
 from planner.plan import Plan
-from runtime.model import ProteinLM, canonical_name, init_weights, loss_fn
+from runtime.model import canonical_name, loss_fn
 from runtime.parallel.context import load_balanced_positions, local_causal_attention, shard_sequence
 from test_parallel import (BETAS, CLIP, LOSS_RTOL, LR, NORM_RTOL, PARAM_MAX_ATOL, PARAM_RMS_ATOL,
                            SEED, SPECS, WEIGHT_DECAY, global_batches, reference)
@@ -140,29 +140,14 @@ def _train(lay: dict) -> dict:
     from torch.distributed.tensor import DTensor
 
     from runtime.mesh import build_mesh
-    from runtime.parallel import apply_cp, apply_data_parallel, apply_recompute, apply_tp, clip_grad_norm_
+    from runtime.parallel import clip_grad_norm_
+    from runtime.parallel.pipeline import build_schedule
+    from runtime.trainer import build_model
 
     plan = make_plan(lay)
     spec = plan.model
     mesh = build_mesh(plan, "cpu")
-    with torch.device("meta"):
-        model = ProteinLM(spec)
-    if plan.mesh.pp > 1:
-        from runtime.parallel.pipeline import build_schedule, split_model
-
-        parts = split_model(model, plan, mesh["pp"].get_local_rank())
-    else:
-        parts = [model]
-    handles = []
-    for part in parts:  # the trainer's order
-        apply_tp(part, mesh["tp"], plan.sequence_parallel)
-        apply_cp(part, mesh["cp"])
-        apply_recompute(part, plan.recompute)
-        handles.append(apply_data_parallel(part, mesh, plan))
-    for part in parts:
-        part.to_empty(device="cpu")
-        init_weights(part, spec, SEED)
-        part.setup_rope()
+    parts, handles = build_model(plan, mesh, torch.device("cpu"), SEED)  # the trainer's steps 3-6
     opts = [h.build_optimizer(lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY) for h in handles]
 
     dp_rank, dp = mesh["dp"].get_local_rank(), mesh["dp"].size()
