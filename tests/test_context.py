@@ -31,6 +31,7 @@ from runtime.model import canonical_name, loss_fn
 from runtime.parallel.context import load_balanced_positions, local_causal_attention, shard_sequence
 from test_parallel import (BETAS, CLIP, LOSS_RTOL, LR, NORM_RTOL, PARAM_MAX_ATOL, PARAM_RMS_ATOL,
                            SEED, SPECS, WEIGHT_DECAY, global_batches, reference)
+from test_parallel import _cases
 from test_parallel import make_plan as _parallel_plan
 
 # --------------------------------------------------------------------------------------------
@@ -238,10 +239,6 @@ def _check(results: dict, lay: dict, refs: dict) -> None:
         assert r["norms"] == pytest.approx(ref["norms"], rel=NORM_RTOL), f"{lay['name']} rank {rank}: grad norms"
         assert r["rms_err"] < PARAM_RMS_ATOL, f"{lay['name']} rank {rank}: parameters differ (rms {r['rms_err']:.2e})"
         assert r["max_err"] < PARAM_MAX_ATOL, f"{lay['name']} rank {rank}: a parameter differs by {r['max_err']:.2e}"
-
-
-def _cases(groups: list[list[dict]], *marks) -> list:
-    return [pytest.param(g, lay, id=lay["name"], marks=marks) for g in groups for lay in g]
 
 
 @pytest.mark.timeout(180)
