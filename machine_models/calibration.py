@@ -50,7 +50,7 @@ import yaml
 from machine_models.loader import DEVICE_KINDS_FILE, load_machine
 from planner.cost.step import evaluate
 from planner.published import FRAMEWORKS, PublishedRun, published_runs
-from planner.specs import MachineModel
+from planner.schema.specs import MachineModel
 
 # --- The figures, their bounds and first guesses ----------------------------------------------
 

@@ -5,7 +5,7 @@
     alpha_s, beta_Bps = fit_alpha_beta(sizes, times, n, "allreduce")
 
 The figures, each from its own measurements:
-  - matmul: the saturating curve of planner.specs.MatmulEfficiency, achieved(d) = P * f * d /
+  - matmul: the saturating curve of planner.schema.specs.MatmulEfficiency, achieved(d) = P * f * d /
     (d + half_dim), fitted to the (d, FLOP/s) points of the precision with the most shapes by
     least squares on the log (so that small and large GEMMs count alike). Throughput alone
     fixes P * f (the asymptote) and half_dim, not P and f apart: where the device has a
@@ -39,8 +39,8 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
-from planner.errors import PlanError
-from planner.specs import MachineModel, MatmulEfficiency, Precision, TopologyKind
+from planner.schema.errors import PlanError
+from planner.schema.specs import MachineModel, MatmulEfficiency, Precision, TopologyKind
 
 KINDS = ("allreduce", "reduce_scatter", "all_gather", "p2p")
 CALIBRATE_COMMAND = "exaplan calibrate"

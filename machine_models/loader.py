@@ -18,9 +18,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from planner.errors import PlanError
-from planner.plan import format_validation_error
-from planner.specs import CollectiveEfficiency, MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
+from planner.schema.errors import PlanError, format_validation_error
+from planner.schema.specs import CollectiveEfficiency, MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
 
 PRESET_DIR = Path(__file__).resolve().parent
 DEVICE_KINDS_FILE = PRESET_DIR / "device_kinds.yaml"

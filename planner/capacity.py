@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from planner.report import layout_label
 from planner.search.search import search
-from planner.specs import MachineModel, ModelSpec, TrainingJob
+from planner.schema.specs import MachineModel, ModelSpec, TrainingJob
 
 
 @dataclass

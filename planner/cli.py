@@ -12,7 +12,7 @@ import json
 import shlex
 import sys
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 
 EPILOG = """examples:
   exaplan plan --model protein-3.5b --machine aurora --nodes 3200
@@ -184,7 +184,7 @@ def _console(args):
 
 def cmd_plan(args) -> int:
     from planner.emit import build_plan
-    from planner.plan import write_plan
+    from planner.schema.plan import write_plan
     from planner.report import breakdown_table, layout_label, memory_table, top_table, why_best
     from planner.search.search import search
 
@@ -249,7 +249,7 @@ def _estimate_json(ev, i: int) -> dict:
 def _default_shard_group(dp: int, per_node: int) -> int:
     """HSDP's default shard group: the data-parallel ranks of one node (the largest divisor of
     dp that fits in a node and leaves at least 2 replicas), else the smallest legal group."""
-    from planner.specs import divisors
+    from planner.schema.specs import divisors
 
     legal = [g for g in divisors(dp) if g >= 2 and dp // g >= 2]
     if not legal:
@@ -260,7 +260,7 @@ def _default_shard_group(dp: int, per_node: int) -> int:
 
 def _layout_from_args(args, machine) -> "object":
     from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Layouts
-    from planner.plan import Recompute, Schedule, Sharding
+    from planner.schema.plan import Recompute, Schedule, Sharding
 
     kind = Sharding(args.shard)
     dp_replicate, dp_shard = (args.dp, 1) if kind == Sharding.none else (1, args.dp)
@@ -290,7 +290,7 @@ def _layout_from_args(args, machine) -> "object":
 def cmd_estimate(args) -> int:
     from planner.cost.step import evaluate
     from planner.emit import build_plan
-    from planner.plan import write_plan
+    from planner.schema.plan import write_plan
     from planner.cost.flops import step_flops
     from planner.report import breakdown_table, flops_text, layout_label, memory_table
     from planner.search.space import layout_problems
@@ -327,7 +327,7 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from planner.plan import load_plan
+    from planner.schema.plan import load_plan
     from planner.report import explain_plan
 
     plan = load_plan(args.plan)
@@ -339,8 +339,8 @@ def cmd_explain(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    from planner.plan import Plan
-    from planner.specs import MachineModel, ModelSpec, TrainingJob
+    from planner.schema.plan import Plan
+    from planner.schema.specs import MachineModel, ModelSpec, TrainingJob
 
     classes = {"model": ModelSpec, "machine": MachineModel, "job": TrainingJob, "plan": Plan}
     chosen = classes if args.which == "all" else {args.which: classes[args.which]}
@@ -414,7 +414,7 @@ def cmd_run(args) -> int:
     targs = trainer.parse_args(args.rest)  # --help and usage errors exit here (code 0 / 2)
     if launch.detect() is not None:
         return trainer.main(args.rest)
-    from planner.plan import load_plan
+    from planner.schema.plan import load_plan
 
     plan = load_plan(targs.plan)
     check_run_inputs(targs, plan)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 
 
 def _console(args):

@@ -12,7 +12,7 @@ from planner.cost import comm, compute, flops
 from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, SH_NONE, Layouts
 from planner.cost.memory import GIB, activation_bytes, microbatches_in_flight
 from planner.cost.step import Evaluation
-from planner.plan import (
+from planner.schema.plan import (
     EXPLICIT_RANKS_UP_TO,
     CollectiveChoice,
     Collectives,
@@ -30,7 +30,7 @@ from planner.plan import (
     seal,
 )
 from planner.search.stages import assign_stages
-from planner.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, TrainingJob
+from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, TrainingJob
 
 # How each library is told which algorithm to use (process-wide, per collective).
 NCCL_NAMES = {Algorithm.ring: "ring", Algorithm.tree: "tree"}

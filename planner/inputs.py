@@ -9,10 +9,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from planner.errors import PlanError
-from planner.plan import format_validation_error
+from planner.schema.errors import PlanError, format_validation_error
 from planner.presets import MODEL_PRESETS, get_model
-from planner.specs import MachineModel, ModelSpec, Precision, TrainingJob
+from planner.schema.specs import MachineModel, ModelSpec, Precision, TrainingJob
 
 
 def load_model(name_or_path: str) -> ModelSpec:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from planner.errors import PlanError
-from planner.specs import ModelSpec
-from planner.vocab import VOCAB_SIZE
+from planner.schema.errors import PlanError
+from planner.schema.specs import ModelSpec
+from planner.schema.vocab import VOCAB_SIZE
 
 # The protein vocabulary has 31 tokens; presets pad it to 32 (a multiple of 8 for kernels).
 PROTEIN_VOCAB_PADDED = 32

@@ -34,8 +34,8 @@ from pydantic import Field, model_validator
 
 from planner.cost import flops
 from planner.cost.layout import RECOMPUTES, SC_1F1B, SC_INTERLEAVED, SC_NONE, SHARDINGS, Layouts
-from planner.plan import Recompute, Sharding
-from planner.specs import MachineModel, ModelSpec, PosInt, Precision, Spec, TrainingJob
+from planner.schema.plan import Recompute, Sharding
+from planner.schema.specs import MachineModel, ModelSpec, PosInt, Precision, Spec, TrainingJob
 
 FigureKind = Literal["model_tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "iteration_time_s"]
 FlopConvention = Literal["megatron", "none"]

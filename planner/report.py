@@ -9,7 +9,7 @@ from rich.table import Table
 
 from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Layouts
 from planner.cost.step import Evaluation
-from planner.plan import MESH_AXES, Plan
+from planner.schema.plan import MESH_AXES, Plan
 
 GIB = 2.0**30
 

@@ -27,7 +27,7 @@ from machine_models import DEVICE_KINDS_FILE
 from machine_models import calibration as cal
 from planner.cost.step import evaluate
 from planner.published import PublishedRun, published_runs
-from planner.specs import MachineModel
+from planner.schema.specs import MachineModel
 
 
 @dataclass

@@ -1,3 +1,3 @@
 """exaplan runtime: executes plan files with torch.distributed (next milestone).
 
-It imports only the plan schema (planner.plan, planner.specs) from the planner."""
+It imports only the plan schema (planner.schema.plan, planner.schema.specs) from the planner."""

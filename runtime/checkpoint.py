@@ -74,7 +74,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from planner.errors import PlanError
-from planner.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID, TOKENS
+from planner.schema.errors import PlanError
+from planner.schema.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID, TOKENS
 from runtime.fasta import decode, encode
 
 from runtime.prepare import (  # noqa: F401  (re-exported: the data API lives in one place for callers)

@@ -55,8 +55,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
-from planner.errors import PlanError
-from planner.vocab import PAD_ID
+from planner.schema.errors import PlanError
+from planner.schema.vocab import PAD_ID
 from runtime.data import _StepCounter
 from runtime.fasta import encode
 from runtime.parallel.context import shard_sequence
@@ -237,7 +237,7 @@ def check_args(args, plan) -> None:
     """Refuse what does not fit: a dpo plan without --pairs, DPO options with a pretraining
     plan, pairs longer than the plan's sequence, bad beta / label smoothing / checkpoints
     (--init is checked for pretraining plans too)."""
-    from planner.specs import Workload
+    from planner.schema.specs import Workload
 
     dpo_only = [flag for flag, given in (("--pairs", args.pairs), ("--reference", args.reference),
                                          ("--precompute-reference", args.precompute_reference),

@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from planner.errors import PlanError
-from planner.vocab import PAD_ID
+from planner.schema.errors import PlanError
+from planner.schema.vocab import PAD_ID
 from runtime.fasta import encode
 
 
 def load_model(run: str | Path, plan_path: str | Path | None = None):
     """(ProteinLM with the checkpoint's weights, eval mode, on the CPU; the checkpoint used)."""
-    from planner.plan import load_plan
+    from planner.schema.plan import load_plan
     from runtime import checkpoint
     from runtime.dpo import resolve_checkpoint
     from runtime.model import ProteinLM

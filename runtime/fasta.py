@@ -1,6 +1,6 @@
 """Streaming FASTA reader and protein tokeniser (no torch, no whole-file reads).
 
-`encode`/`decode` map between residue strings and token ids of `planner.vocab`
+`encode`/`decode` map between residue strings and token ids of `planner.schema.vocab`
 (<bos> residues <eos>). `read_fasta` walks a plain or gzip FASTA file line by line, in
 constant memory whatever the file size (a record longer than `max_len` stops being
 accumulated as soon as it is known to be too long), and yields one `FastaRecord` per
@@ -20,8 +20,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from planner.errors import PlanError
-from planner.vocab import BOS_ID, EOS_ID, TOKEN_TO_ID, TOKENS
+from planner.schema.errors import PlanError
+from planner.schema.vocab import BOS_ID, EOS_ID, TOKEN_TO_ID, TOKENS
 
 # Every letter A-Z is in the vocabulary (20 standard + B Z J X U O), upper or lower case.
 ALPHABET = bytes(sorted({ord(t) for t in TOKENS if len(t) == 1}))

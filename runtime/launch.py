@@ -14,8 +14,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from planner.errors import PlanError
-from planner.plan import Plan
+from planner.schema.errors import PlanError
+from planner.schema.plan import Plan
 
 
 @dataclass(frozen=True)

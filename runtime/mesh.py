@@ -2,7 +2,7 @@
 data parallelism and context parallelism reduce over.
 
 Axes (outermost first): pp, dp_replicate, dp_shard, cp, tp, as in the plan; a rank's mesh
-coordinates are row-major over them, exactly as planner.plan.Plan.coordinates says.
+coordinates are row-major over them, exactly as planner.schema.plan.Plan.coordinates says.
 Flattened: "dp" = dp_replicate x dp_shard (data loading), "dp_shard_cp" = dp_shard x cp
 (what FSDP and ZeRO shard over), "dp_cp" = dp_replicate x dp_shard x cp (where gradients
 are reduced).
@@ -14,7 +14,7 @@ import warnings
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from planner.plan import MESH_AXES, Plan
+from planner.schema.plan import MESH_AXES, Plan
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:

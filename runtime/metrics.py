@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.cost.flops import model_flops_per_token, reference_flops_per_token
-from planner.plan import Plan
+from planner.schema.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.specs import ModelSpec
-from planner.vocab import PAD_ID
+from planner.schema.specs import ModelSpec
+from planner.schema.vocab import PAD_ID
 
 
 class RMSNorm(nn.Module):

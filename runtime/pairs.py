@@ -8,7 +8,7 @@ Input: a CSV or TSV file (plain or gzip; the delimiter comes from the extension,
   (numpy PCG64, `seed`) among the sequences of the same split whose score differs from its
   own by at least `margin`; the higher-scoring one is `chosen`. Pairs never cross splits.
   Rows are dropped and counted when the sequence has a letter outside the protein alphabet
-  (planner/vocab.py: A-Z), is empty or longer than `max_len`, the score is missing (empty,
+  (planner/schema/vocab.py: A-Z), is empty or longer than `max_len`, the score is missing (empty,
   NA, NaN), or the sequence was already seen earlier in the file (the first row wins, so a
   sequence is in one split only and no pair has two identical sequences); or
 - explicit pairs (`chosen_col`, `rejected_col`, optional score columns): taken as they are
@@ -48,7 +48,7 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from runtime.pairs_table import (  # noqa: F401  (re-exported: runtime.pairs.X as before the split)
     DEFAULT_SCORE_COLS, DEFAULT_SEQUENCE_COLS, DEFAULT_SPLIT_COL, DROP_REASONS, MISSING_SCORES, SPLIT_VALUES, SPLITS,
     _check_number, _Drops, _field, _read_scored, _score, _sequence, _Splitter, _Table)

@@ -12,7 +12,7 @@ import zlib
 from collections import Counter
 from typing import Any, Iterator
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from runtime.fasta import _HashingRaw, is_gzip
 from runtime.prepare import split_of
 

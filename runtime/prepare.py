@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from planner.errors import PlanError
-from planner.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID, TOKENS, VOCAB_SIZE
+from planner.schema.errors import PlanError
+from planner.schema.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID, TOKENS, VOCAB_SIZE
 from runtime.fasta import SKIP_REASONS, FastaFile
 
 FORMAT = "exaplan-protein-tokens"

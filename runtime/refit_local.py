@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from runtime.validate_local import _resolve_machine, predict
 
 # Figures `refit_from_runs` fits unless told otherwise (BOUNDS lists every one it can).
@@ -113,7 +113,7 @@ def _phases(metrics: Path) -> tuple[float | None, float | None]:
 
 def load_runs(run_dirs: Iterable[Path]) -> list[MeasuredRun]:
     """Runs with a summary.json and the plan.yaml they ran (written by run_local_validation)."""
-    from planner.plan import load_plan
+    from planner.schema.plan import load_plan
 
     runs = []
     for d in map(Path, run_dirs):

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _check_workload(args) -> None:
     """The plan's workload against the options (here, so that `exaplan run` refuses bad
     input with exit code 2 before any rank starts)."""
-    from planner.plan import load_plan
+    from planner.schema.plan import load_plan
 
     plan = load_plan(args.plan)
     if plan.job.workload.value == "dpo" or args.init or args.pairs or args.reference or args.precompute_reference \
@@ -83,7 +83,7 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
     import torch
     import torch.distributed as dist
 
-    from planner.plan import load_plan
+    from planner.schema.plan import load_plan
     from runtime import checkpoint, launch, metrics
     from runtime.mesh import build_mesh
     from runtime.parallel import clip_grad_norm_

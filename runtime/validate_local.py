@@ -51,7 +51,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from runtime.validate_report import CSV_COLUMNS, render, save_report  # noqa: F401 (CSV_COLUMNS: the API)
 
 GIB = float(1 << 30)
@@ -119,7 +119,7 @@ def _forced_bucket(mb: float | None):
 
 def _resolve_machine(machine, ranks: int):
     from machine_models import load_machine
-    from planner.specs import MachineModel
+    from planner.schema.specs import MachineModel
 
     if isinstance(machine, MachineModel):
         return machine
@@ -134,7 +134,7 @@ def write_layout_plan(model: str, machine, ranks: int, layout: dict, path: Path)
     from planner.cost.step import evaluate
     from planner.emit import build_plan
     from planner.inputs import load_model, make_job
-    from planner.plan import write_plan
+    from planner.schema.plan import write_plan
     from planner.search.space import layout_problems
 
     mach = _resolve_machine(machine, ranks)

@@ -19,7 +19,7 @@ from machine_models.fit_local import (
     ring_coefficients,
     write_calibration,
 )
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 
 SIZES = [4 * 4**k for k in range(14)]  # 4 B ... 256 MiB, as the full run
 

@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from planner.errors import PlanError
-from planner.specs import ModelSpec
+from planner.schema.errors import PlanError
+from planner.schema.specs import ModelSpec
 from runtime import checkpoint as ck
 from runtime.model import ProteinLM, init_weights, loss_fn
 

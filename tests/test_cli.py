@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from planner.plan import load_plan
+from planner.schema.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAPLAN = Path(sys.executable).parent / "exaplan"
@@ -257,7 +257,7 @@ def test_entry_point_as_subprocess(tmp_path):
 
 
 def test_planner_never_imports_torch():
-    code = ("import planner.cli, planner.search.search, planner.cost.step, planner.emit, planner.plan, planner.report, "
+    code = ("import planner.cli, planner.search.search, planner.cost.step, planner.emit, planner.schema.plan, planner.report, "
             "machine_models; import sys; assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr

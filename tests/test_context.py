@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dist_helpers import run_on_ranks
-from planner.plan import Plan
+from planner.schema.plan import Plan
 from runtime.model import canonical_name, loss_fn
 from runtime.parallel.context import load_balanced_positions, local_causal_attention, shard_sequence
 from test_parallel import (BETAS, CLIP, LOSS_RTOL, LR, NORM_RTOL, PARAM_MAX_ATOL, PARAM_RMS_ATOL,

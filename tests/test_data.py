@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from planner.errors import PlanError
-from planner.vocab import BOS_ID, EOS_ID, PAD_ID, TOKEN_TO_ID
+from planner.schema.errors import PlanError
+from planner.schema.vocab import BOS_ID, EOS_ID, PAD_ID, TOKEN_TO_ID
 from runtime.data import (INDEX_DTYPE, Loader, SyntheticLoader, TokenDataset, build_loader, decode, encode,
                           measure_io, prepare, sample_fasta_path, split_batch, split_of)
 

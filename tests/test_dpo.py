@@ -29,10 +29,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dist_helpers import run_on_ranks  # noqa: E402
-from planner.errors import PlanError  # noqa: E402
-from planner.plan import Plan, load_plan, write_plan  # noqa: E402
-from planner.specs import ModelSpec, Workload  # noqa: E402
-from planner.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+from planner.schema.errors import PlanError  # noqa: E402
+from planner.schema.plan import Plan, load_plan, write_plan  # noqa: E402
+from planner.schema.specs import ModelSpec, Workload  # noqa: E402
+from planner.schema.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from runtime import dpo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,10 +14,10 @@ from planner.cost import flops
 from planner.cost.layout import RC_FULL, RC_NONE, SC_NONE, SH_FSDP, SH_NONE, SH_ZERO1, Layouts
 from planner.cost.memory import GIB
 from planner.cost.step import evaluate
-from planner.plan import load_plan
+from planner.schema.plan import load_plan
 from planner.presets import get_model
 from planner.search.search import search
-from planner.specs import Precision, Reference, TrainingJob, Workload
+from planner.schema.specs import Precision, Reference, TrainingJob, Workload
 
 
 def lay(**kw) -> Layouts:

@@ -20,7 +20,7 @@ from planner.cost.step import evaluate  # noqa: E402
 from planner.emit import build_plan  # noqa: E402
 from planner.inputs import make_job  # noqa: E402
 from planner.search.space import enumerate_space  # noqa: E402
-from planner.specs import ModelSpec  # noqa: E402
+from planner.schema.specs import ModelSpec  # noqa: E402
 from dist_helpers import run_on_ranks  # noqa: E402
 
 SPEC = ModelSpec(name="tiny4", layers=4, hidden=32, heads=4, kv_heads=2, ffn_hidden=64, vocab_size=32, seq_len=32)
@@ -54,7 +54,7 @@ def _train(rank: int, world_size: int, plan_json_list: list[str]) -> list[list[f
     """On each rank: build every plan's model and train STEPS steps on the same fixed batch."""
     import torch.distributed as dist
 
-    from planner.plan import Plan
+    from planner.schema.plan import Plan
     from runtime.mesh import build_mesh
     from runtime.model import loss_fn
     from runtime.parallel import clip_grad_norm_

@@ -3,7 +3,7 @@
 import pytest
 
 from planner.examples import EXAMPLES, PLANS_DIR, regenerate
-from planner.plan import load_plan
+from planner.schema.plan import load_plan
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))

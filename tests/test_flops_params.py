@@ -13,7 +13,7 @@ import pytest
 from planner.cost import flops
 from planner.cost.layout import RC_FULL, RC_NONE, RC_SELECTIVE
 from planner.presets import MODEL_PRESETS, PROTEIN_VOCAB_PADDED, get_model
-from planner.specs import ModelSpec
+from planner.schema.specs import ModelSpec
 
 
 def llama_params_by_hand(layers: int, h: int, f: int, heads: int, kv_heads: int, vocab: int) -> int:

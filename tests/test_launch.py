@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from runtime import launch
 
 LAUNCHERS = {

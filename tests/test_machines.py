@@ -10,8 +10,8 @@ import yaml
 
 import machine_models.loader as loader
 from machine_models import detect_local_machine, list_machines, load_machine
-from planner.errors import PlanError
-from planner.specs import CollectiveLibrary, MachineModel, Precision, TopologyKind
+from planner.schema.errors import PlanError
+from planner.schema.specs import CollectiveLibrary, MachineModel, Precision, TopologyKind
 
 PRESETS = ["aurora", "alps", "frontier", "leonardo", "pdx", "dgx-a100-80gb", "dgx-h100"]
 

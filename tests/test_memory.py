@@ -28,7 +28,7 @@ from planner.cost.layout import (
 )
 from planner.cost.step import evaluate
 from planner.presets import get_model
-from planner.specs import Precision, TrainingJob
+from planner.schema.specs import Precision, TrainingJob
 
 GIB = 2.0**30
 TIGHT = dict(rel=1e-12)

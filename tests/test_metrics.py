@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from planner.plan import load_plan
+from planner.schema.plan import load_plan
 from runtime import metrics
 from runtime.metrics import MetricsWriter, peak_memory_bytes
 

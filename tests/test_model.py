@@ -7,7 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from planner.cost.flops import model_flops_per_token, total_params
 from planner.presets import MODEL_PRESETS
-from planner.specs import ModelSpec
+from planner.schema.specs import ModelSpec
 from runtime.model import ProteinLM, full_init, init_weights, loss_fn
 
 VARIANTS = [

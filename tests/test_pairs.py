@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from runtime.pairs import (FORMAT, HEADER, SPLITS, Pair, build_pairs, gb1_sample_path, load_manifest, read_pairs,
                            read_scored_sequences)
 from runtime.pairs_cli import describe

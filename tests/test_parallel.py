@@ -42,8 +42,8 @@ import pytest
 import torch
 
 from dist_helpers import run_on_ranks
-from planner.plan import Plan, load_plan
-from planner.specs import ModelSpec
+from planner.schema.plan import Plan, load_plan
+from planner.schema.specs import ModelSpec
 from runtime.model import ProteinLM, canonical_name, init_weights, loss_fn
 
 ROOT = Path(__file__).resolve().parent.parent

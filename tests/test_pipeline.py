@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.plan import Plan, load_plan
-from planner.specs import ModelSpec
-from planner.vocab import PAD_ID
+from planner.schema.plan import Plan, load_plan
+from planner.schema.specs import ModelSpec
+from planner.schema.vocab import PAD_ID
 from runtime.model import ProteinLM, canonical_name, init_weights, loss_fn
 from runtime.parallel.pipeline import build_schedule, split_model, stages_of_rank
 from dist_helpers import run_on_ranks

@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from machine_models import detect_local_machine, load_machine
 from planner.emit import build_plan
-from planner.errors import PlanError
-from planner.plan import SCHEMA_VERSION, Plan, content_hash, dumps_plan, load_plan, plan_problems, write_plan
+from planner.schema.errors import PlanError
+from planner.schema.plan import SCHEMA_VERSION, Plan, content_hash, dumps_plan, load_plan, plan_problems, write_plan
 from planner.presets import get_model
 from planner.cost.step import evaluate
 from planner.search.search import search
 from planner.search.space import enumerate_space
-from planner.specs import ModelSpec, TrainingJob
+from planner.schema.specs import ModelSpec, TrainingJob
 
 MACHINES = {name: load_machine(name) for name in ("dgx-h100", "frontier", "aurora", "alps")}
 MACHINES["local"] = detect_local_machine(2)

@@ -24,12 +24,12 @@ from planner.cost.layout import (
     Layouts,
 )
 from planner.cost.step import evaluate, evaluate_space
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from planner.inputs import make_job
 from planner.presets import get_model
 from planner.search.space import MAX_VIRTUAL_STAGES, enumerate_space, layout_problems
 from planner.search.search import FINALISTS, search
-from planner.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Overlap, Precision, TrainingJob
+from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Overlap, Precision, TrainingJob
 
 GIB = 2.0**30
 

@@ -6,7 +6,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from planner.search.stages import assign_stages, balanced_split, min_max_stage_cost
 
 

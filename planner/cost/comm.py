@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost.topology import LinkTiers
-from planner.specs import Algorithm
+from planner.schema.specs import Algorithm
 
 ALGORITHMS = tuple(Algorithm)
 AL_RING, AL_TREE, AL_RABENSEIFNER, AL_HIERARCHICAL = range(len(ALGORITHMS))

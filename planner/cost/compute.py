@@ -2,7 +2,7 @@
 
 Each GEMM is timed as FLOPs / (peak * efficiency(d)), with d = (M N K)^(1/3) its size on one
 rank, so high tensor parallelism or a small micro-batch lands on the slow part of the
-machine's efficiency curve (planner.specs.MatmulEfficiency). Elementwise work (norms,
+machine's efficiency curve (planner.schema.specs.MatmulEfficiency). Elementwise work (norms,
 RoPE, activation, residual adds, unfused softmax) is memory-bound: bytes / memory bandwidth
 (the roofline's other side; Williams et al. 2009). Backward = 2 x forward for both.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.cost.layout import RC_FULL, RC_SELECTIVE, Layouts
-from planner.specs import MachineModel, ModelSpec, TrainingJob, bytes_per_element
+from planner.schema.specs import MachineModel, ModelSpec, TrainingJob, bytes_per_element
 
 
 def matmul_efficiency(machine: MachineModel, dim) -> np.ndarray:

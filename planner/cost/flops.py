@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.specs import ModelSpec
+from planner.schema.specs import ModelSpec
 
 
 def attention_params(m: ModelSpec) -> int:

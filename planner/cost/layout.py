@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from planner.plan import Recompute, Schedule, Sharding
+from planner.schema.plan import Recompute, Schedule, Sharding
 
 SHARDINGS = tuple(Sharding)
 RECOMPUTES = tuple(Recompute)

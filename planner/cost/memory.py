@@ -29,7 +29,7 @@ from planner.cost.layout import (
     SH_ZERO2,
     Layouts,
 )
-from planner.specs import MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
+from planner.schema.specs import MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
 
 GIB = 2.0**30
 

@@ -37,7 +37,7 @@ from planner.cost.memory import (
     stage_params,
 )
 from planner.cost.topology import LinkTiers, link_tiers
-from planner.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
+from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
 
 DDP_BUCKETS_MB = (25.0, 100.0, 400.0)
 ZERO_BUCKET_PARAMS = 40e6

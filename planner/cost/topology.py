@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import networkx as nx
 
-from planner.specs import MachineModel, TopologyKind
+from planner.schema.specs import MachineModel, TopologyKind
 
 GB = 1e9
 

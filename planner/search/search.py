@@ -15,9 +15,9 @@ import numpy as np
 
 from planner.cost.layout import Layouts
 from planner.cost.step import Evaluation, evaluate, evaluate_space
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 from planner.search.space import cp_options, enumerate_space, tp_options
-from planner.specs import MachineModel, ModelSpec, TrainingJob, divisors
+from planner.schema.specs import MachineModel, ModelSpec, TrainingJob, divisors
 
 FINALISTS = 64
 GIB = 2.0**30

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.cost.layout import SC_1F1B, SC_GPIPE, SC_INTERLEAVED, SC_NONE, SH_HSDP, SH_NONE, SHARDINGS, Layouts, Space
-from planner.specs import ModelSpec, TrainingJob, divisors
+from planner.schema.specs import ModelSpec, TrainingJob, divisors
 
 MAX_VIRTUAL_STAGES = 8
 

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.errors import PlanError
+from planner.schema.errors import PlanError
 
 _RESOLUTION = 1_000_000  # integer units per total (cost or memory) in the CP-SAT model
 

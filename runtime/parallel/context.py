@@ -9,7 +9,7 @@ Sequence split, load-balanced. The sequence of a micro-batch is cut into 2 x cp 
 cp rank r keeps chunks r and 2cp-1-r, in that order, as its local sequence of seq / cp tokens
 (`shard_sequence`, `load_balanced_positions`). Under a causal mask chunk j attends to j+1
 chunks, so every rank does the same attention work: (r+1) + (2cp-r) = 2cp+1 chunk pairs. The
-legality rule "2 x cp divides the sequence length" (planner/plan.py) is exactly this cut.
+legality rule "2 x cp divides the sequence length" (planner/schema/plan.py) is exactly this cut.
 
 Attention (`ContextParallel.attention`, called by runtime.model.Attention when `apply_cp` has
 set its `cp` attribute). Each rank computes q, k and v of its own tokens with rotary

@@ -60,8 +60,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 
-from planner.plan import Plan, Sharding
-from planner.specs import Precision
+from planner.schema.plan import Plan, Sharding
+from planner.schema.specs import Precision
 from runtime.parallel.zero import MIB, ZeroOptimizer, _shard_key
 
 __all__ = ["DataParallelHandle", "apply_data_parallel", "clip_grad_norm_"]

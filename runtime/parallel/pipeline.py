@@ -44,8 +44,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from planner.plan import Plan, Schedule, StageAssignment
-from planner.vocab import PAD_ID
+from planner.schema.plan import Plan, Schedule, StageAssignment
+from planner.schema.vocab import PAD_ID
 from runtime.model import ProteinLM
 
 __all__ = ["split_model", "build_schedule", "PipelineRunner", "stages_of_rank"]

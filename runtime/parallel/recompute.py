@@ -32,7 +32,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from planner.plan import Recompute
+from planner.schema.plan import Recompute
 
 __all__ = ["apply_recompute", "RecomputeAttentionCore"]
 

@@ -19,8 +19,8 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from planner.errors import PlanError
-from planner.specs import Algorithm, MachineModel, ModelSpec, PosInt, Spec, TrainingJob
+from planner.schema.errors import PlanError, format_validation_error
+from planner.schema.specs import Algorithm, MachineModel, ModelSpec, PosInt, Spec, TrainingJob
 
 SCHEMA_VERSION = 1
 
@@ -381,14 +381,3 @@ def load_plan(path: str | Path) -> Plan:
             field=str(path),
         )
     return plan
-
-
-def format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """One line per problem, each naming its dotted field path."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        loc = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(lines)
