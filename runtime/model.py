@@ -3,7 +3,7 @@
 RMSNorm (or LayerNorm), rotary (or learned) positions, grouped-query attention through
 `scaled_dot_product_attention` (flash kernels on GPU), SwiGLU (or GELU) MLP, untied (or
 tied) output head. Configured from the plan's ModelSpec; its parameter count and FLOPs equal
-the planner's (tests/test_model.py holds both sides together).
+the planner's (tests/runtime/test_model.py holds both sides together).
 
 Layout-independence: modules keep the same fully-qualified names under every technique
 (blocks live in a ModuleDict keyed by their global index; a pipeline stage deletes the

@@ -361,7 +361,7 @@ def _log_samples(writer, step: int, seen: list[int], mesh) -> None:
 
 def _fault_injection(step: int, rank: int) -> None:
     """Test hook: EXAPLAN_FAULT_KILL=RANK:STEP makes that rank SIGKILL itself after that step,
-    as a crashed node would (tests/test_runtime_e2e.py)."""
+    as a crashed node would (tests/runtime/test_runtime_e2e.py)."""
     import os
     import signal
 

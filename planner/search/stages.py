@@ -115,7 +115,7 @@ def assign_stages(layer_costs: Sequence[float], layer_memory: Sequence[float], n
     equals `balanced_split` on costs with the extras folded into the first/last layer. If that
     split already meets the caps it is optimal and returned without CP-SAT (``status="dp"``;
     disable with ``use_dp_shortcut=False``). With loose caps CP-SAT reaches the same optimum as
-    the DP (to the 1e-6 scaling), which tests/test_stages.py checks.
+    the DP (to the 1e-6 scaling), which tests/planner/test_stages.py checks.
 
     Never raises for infeasible caps: returns ``feasible=False`` with the unconstrained DP split
     (also when CP-SAT finds no solution within ``time_limit_s``; see ``status``).

@@ -16,7 +16,7 @@ from planner.schema.plan import load_plan
 from runtime import metrics
 from runtime.metrics import MetricsWriter, peak_memory_bytes
 
-PLAN_FILE = Path(__file__).resolve().parent.parent / "plans" / "protein-7b_dgx-h100_16n.yaml"
+PLAN_FILE = Path(__file__).resolve().parents[2] / "plans" / "protein-7b_dgx-h100_16n.yaml"
 
 TRAIN_FIELDS = {"kind", "step", "loss", "tokens", "step_time_s", "tokens_per_s", "model_tflops_per_device", "mfu",
                 "peak_memory_bytes", "peak_memory_gib", "lr", "grad_norm", "time"}

@@ -46,7 +46,7 @@ from planner.schema.plan import Plan, load_plan
 from planner.schema.specs import ModelSpec
 from runtime.model import ProteinLM, canonical_name, init_weights, loss_fn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEED = 1234
 STEPS = 3
 LR = 1e-2

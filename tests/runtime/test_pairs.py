@@ -20,7 +20,7 @@ from runtime.pairs import (FORMAT, HEADER, SPLITS, Pair, build_pairs, gb1_sample
                            read_scored_sequences)
 from runtime.pairs_cli import describe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILES = ("manifest.json", "train.tsv", "validation.tsv", "test.tsv")
 
 

@@ -25,7 +25,7 @@ from runtime.model import ProteinLM, canonical_name, init_weights, loss_fn
 from runtime.parallel.pipeline import build_schedule, split_model, stages_of_rank
 from dist_helpers import run_on_ranks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEED = 1234
 STEPS = 3
 LR = 1e-2

@@ -1,6 +1,6 @@
 """Context parallelism (runtime/parallel/context.py) against one process.
 
-The same recipe, model specs, data, reference and tolerances as tests/test_parallel.py: from
+The same recipe, model specs, data, reference and tolerances as tests/runtime/test_parallel.py: from
 one seed, a tiny protein LM (2 layers, hidden 64, 4 heads, 2 kv heads, seq 32) trains three
 AdamW steps with clipping active; the losses and gradient norms of every step and the final
 parameters under each layout must equal those of one process running the whole model on the

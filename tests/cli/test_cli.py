@@ -16,7 +16,7 @@ import pytest
 from planner.cli import main
 from planner.schema.plan import load_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAPLAN = Path(sys.executable).parent / "exaplan"
 
 ESTIMATE_KEYS = {"step_time_s", "tokens_per_s", "model_tflops_per_device", "hardware_tflops_per_device", "mfu",

@@ -35,7 +35,7 @@ from planner.schema.specs import ModelSpec, Workload  # noqa: E402
 from planner.schema.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from runtime import dpo  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = ModelSpec(name="dpo-tiny", layers=4, hidden=32, heads=4, kv_heads=2, ffn_hidden=64, seq_len=32)
 PAIRS = 4  # global batch, in pairs
 COMMON = ["--lr", "1e-2", "--warmup", "10", "--val-every", "0", "--log-every", "100", "--seed", "3"]
