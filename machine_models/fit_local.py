@@ -13,7 +13,7 @@ The figures, each from its own measurements:
     "nominal_peak_tflops") f = asymptote / nominal peak; on a CPU, whose "peak" is no spec
     sheet figure, f stays the base's and P = asymptote / f. Either way P * eff(d) reproduces
     the measured points, and the other precisions' peaks follow from the same curve.
-  - memory_bandwidth_gbps: the copy bandwidth per device (a CPU node's divided by its ranks).
+  - memory_bandwidth_gbyte_s: the copy bandwidth per device (a CPU node's divided by its ranks).
   - alpha (latency) and beta (bandwidth) per collective: the ring formulas of
     planner/cost/comm.py fitted to the measured times in log space (relative errors, so 4 B
     and 256 MiB messages weigh alike), robustly (soft-L1) against the odd slow repeat. gloo
@@ -79,7 +79,7 @@ class AlphaBetaFit:
         return self.alpha_s * 1e6
 
     @property
-    def beta_gbps(self) -> float:
+    def beta_gbyte_s(self) -> float:
         return self.beta_Bps / 1e9
 
 
@@ -228,7 +228,7 @@ def validate_measurements(meas: dict[str, Any]) -> None:
                 raise PlanError(f"unknown precision {prec!r}", field="measurements.matmul") from None
     if "memory" in meas:
         mem = meas["memory"]
-        _series([mem.get("gbps_per_device") if isinstance(mem, dict) else None], "memory.gbps_per_device")
+        _series([mem.get("gbyte_s_per_device") if isinstance(mem, dict) else None], "memory.gbyte_s_per_device")
     if "optimizer" in meas:
         o = meas["optimizer"]
         _series([o.get("seconds") if isinstance(o, dict) else None], "optimizer.seconds")
@@ -257,7 +257,7 @@ class CalibrationFit:
     machine: MachineModel
     matmul: MatmulFit | None
     other_peaks_tflops: dict[str, float]
-    memory_gbps: float | None
+    memory_gbyte_s: float | None
     collectives: dict[str, AlphaBetaFit]
     machine_collective: str | None  # the fit the machine's network figures come from
     scope: str  # "intra-node" or "inter-node"
@@ -268,11 +268,11 @@ class CalibrationFit:
             "machine_figures_from": self.machine_collective,
             "matmul": asdict(self.matmul) if self.matmul else None,
             "other_peaks_tflops": self.other_peaks_tflops,
-            "memory_gbps_per_device": self.memory_gbps,
+            "memory_gbyte_s_per_device": self.memory_gbyte_s,
             "collectives": {},
         }
         for k, f in self.collectives.items():
-            out["collectives"][k] = {"n": f.n, "alpha_us": f.alpha_us, "beta_gbps": f.beta_gbps,
+            out["collectives"][k] = {"n": f.n, "alpha_us": f.alpha_us, "beta_gbyte_s": f.beta_gbyte_s,
                                      "rms_log_residual": f.rms_log_residual, "residuals": f.residuals}
         return out
 
@@ -318,13 +318,13 @@ def fit_details(meas: dict[str, Any], base: MachineModel) -> CalibrationFit:
     # --- memory ---
     mem = None
     if "memory" in meas:
-        mem = float(meas["memory"]["gbps_per_device"])
-        update["memory_bandwidth_gbps"] = mem
+        mem = float(meas["memory"]["gbyte_s_per_device"])
+        update["memory_bandwidth_gbyte_s"] = mem
 
     # --- optimizer: one AdamW step, as bytes of memory traffic per parameter ---
     if "optimizer" in meas:
         o = meas["optimizer"]
-        bandwidth = mem if mem is not None else base.memory_bandwidth_gbps
+        bandwidth = mem if mem is not None else base.memory_bandwidth_gbyte_s
         per_param = float(o["seconds"]) / float(o["params"])
         if per_param > 0:
             update["optimizer_bytes_per_param"] = per_param * bandwidth * 1e9
@@ -342,20 +342,20 @@ def fit_details(meas: dict[str, Any], base: MachineModel) -> CalibrationFit:
         if nodes > 1:
             ranks_per_node = int(meas.get("ranks", 1))
             update["inter_node_latency_us"] = f.alpha_us
-            update["nic_gbps"] = f.beta_gbps * ranks_per_node * 8 / base.nics_per_node / eff_net
+            update["nic_gbit_s"] = f.beta_gbyte_s * ranks_per_node * 8 / base.nics_per_node / eff_net
         else:
             update["intra_node_latency_us"] = f.alpha_us
-            update["intra_node_bandwidth_gbps"] = f.beta_gbps / eff_net
+            update["intra_node_bandwidth_gbyte_s"] = f.beta_gbyte_s / eff_net
             if base.nodes == 1 and base.topology == TopologyKind.single_node:
                 # One node: never used, kept equal to the intra-node figures (as the loader does).
                 update["inter_node_latency_us"] = f.alpha_us
-                update["nic_gbps"] = f.beta_gbps * 8 / base.nics_per_node
+                update["nic_gbit_s"] = f.beta_gbyte_s * 8 / base.nics_per_node
 
     # Reduce-scatter and all-gather against the allreduce the link figures came from (times
     # what the base says allreduce itself reaches in training: 1 on GPUs, ~0.3 with gloo).
     if source == "allreduce" and nodes == 1:
         ar = base.collective_efficiency.allreduce
-        ceff = {k: min(1.0, max(0.01, ar * fits[k].beta_gbps / fits[source].beta_gbps))
+        ceff = {k: min(1.0, max(0.01, ar * fits[k].beta_gbyte_s / fits[source].beta_gbyte_s))
                 for k in ("reduce_scatter", "all_gather") if k in fits}
         if ceff:
             update["collective_efficiency"] = {**base.collective_efficiency.model_dump(), **ceff}
@@ -371,7 +371,7 @@ def fit_details(meas: dict[str, Any], base: MachineModel) -> CalibrationFit:
     data = base.model_dump()
     data.update(update)
     machine = MachineModel.model_validate(data)
-    return CalibrationFit(machine=machine, matmul=mfit, other_peaks_tflops=others, memory_gbps=mem,
+    return CalibrationFit(machine=machine, matmul=mfit, other_peaks_tflops=others, memory_gbyte_s=mem,
                           collectives=fits, machine_collective=source, scope=scope)
 
 
@@ -402,7 +402,7 @@ def _description(meas, mfit, mem, fits, source, scope) -> str:
     if mem:
         parts.append(f"Memory copy {mem:.2f} GB/s per device.")
     for k, f in fits.items():
-        parts.append(f"{k}: alpha {f.alpha_us:.1f} us, beta {f.beta_gbps:.3f} GB/s (rms log residual "
+        parts.append(f"{k}: alpha {f.alpha_us:.1f} us, beta {f.beta_gbyte_s:.3f} GB/s (rms log residual "
                      f"{f.rms_log_residual:.2f}).")
     if source:
         parts.append(f"{scope} latency/bandwidth from the {source} fit. Other figures from the base model.")
@@ -437,7 +437,7 @@ def write_calibration(machine: MachineModel, meas: dict[str, Any], path: Path) -
         "# Load with: exaplan plan --machine " + (str(path) if path.name != "local.yaml" else "local"),
     ]
     for k, f in ((meas.get("fit") or {}).get("collectives") or {}).items():
-        header.append(f"#   {k} fit (n={f['n']}): alpha {f['alpha_us']:.1f} us, beta {f['beta_gbps']:.3f} GB/s, "
+        header.append(f"#   {k} fit (n={f['n']}): alpha {f['alpha_us']:.1f} us, beta {f['beta_gbyte_s']:.3f} GB/s, "
                       f"rms log residual {f['rms_log_residual']:.2f}")
     text = "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     meas_text = json.dumps(meas, indent=1, default=_json_default) + "\n"

@@ -19,7 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from planner.schema.errors import PlanError, format_validation_error
-from planner.schema.specs import CollectiveEfficiency, MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
+from planner.schema.specs import RENAMED_MACHINE_FIELDS, CollectiveEfficiency, MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
 
 PRESET_DIR = Path(__file__).resolve().parent
 DEVICE_KINDS_FILE = PRESET_DIR / "device_kinds.yaml"
@@ -34,8 +34,8 @@ CPU_MATMUL_GFLOPS_PER_CORE_AVX512 = 150.0
 CPU_MATMUL_DIM = 2048  # the size that figure was measured at
 CPU_MATMUL_EFFICIENCY = MatmulEfficiency(peak_fraction=0.8, half_dim=128.0)
 CPU_LOW_PRECISION_SLOWDOWN = 200.0  # bf16/fp16 matmul: ~0.3 GFLOP/s, 200x slower than fp32
-CPU_MEMORY_BANDWIDTH_GBPS = 20.0  # 16-25 GB/s copy, shared by all ranks
-GLOO_BANDWIDTH_GBPS = 0.8  # allreduce fit from 1 MiB up: 1.1-1.3 ns/byte (2 ranks)
+CPU_MEMORY_BANDWIDTH_GBYTE_S = 20.0  # 16-25 GB/s copy, shared by all ranks
+GLOO_BANDWIDTH_GBYTE_S = 0.8  # allreduce fit from 1 MiB up: 1.1-1.3 ns/byte (2 ranks)
 GLOO_ALLREDUCE_LATENCY_US = 2500.0  # allreduce fit intercept (2 ranks); a lone tiny collective ~500 us
 CPU_MEMORY_RESERVE_GIB = 0.3  # interpreter, torch, gloo buffers
 # Framework figures of training on a CPU with gloo, fitted by `exaplan calibrate --from-runs`
@@ -121,7 +121,7 @@ def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
     # Ring allreduce over 2 ranks is 2 steps, so a per-step latency of half the fitted
     # intercept reproduces it. The 4-rank-on-2-core run measured ~4 ms: oversubscription^0.7.
     step_latency_us = GLOO_ALLREDUCE_LATENCY_US / 2 * oversubscription**0.7
-    bandwidth_gbps = GLOO_BANDWIDTH_GBPS / oversubscription
+    bandwidth_gbyte_s = GLOO_BANDWIDTH_GBYTE_S / oversubscription
     return MachineModel(
         name=LOCAL,
         description=(
@@ -138,12 +138,12 @@ def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
         peak_tflops={Precision.fp32: fp32_tflops, Precision.bf16: low_tflops, Precision.fp16: low_tflops},
         matmul_efficiency=CPU_MATMUL_EFFICIENCY,
         attention_efficiency_factor=0.5,  # SDPA math path: bmm + softmax + bmm, all unfused
-        memory_bandwidth_gbps=CPU_MEMORY_BANDWIDTH_GBPS / ranks,
+        memory_bandwidth_gbyte_s=CPU_MEMORY_BANDWIDTH_GBYTE_S / ranks,
         flash_attention=False,
-        intra_node_bandwidth_gbps=bandwidth_gbps,
+        intra_node_bandwidth_gbyte_s=bandwidth_gbyte_s,
         intra_node_latency_us=step_latency_us,
         nics_per_node=1,
-        nic_gbps=bandwidth_gbps * 8,  # single node: never used, kept equal to loopback
+        nic_gbit_s=bandwidth_gbyte_s * 8,  # single node: never used, kept equal to loopback
         inter_node_latency_us=step_latency_us,
         topology=TopologyKind.single_node,
         nodes_per_group=1,
@@ -197,7 +197,9 @@ def _check_top_level_keys(data: dict[str, Any], path: Path) -> None:
     known = list(MachineModel.model_fields)
     problems = []
     for key in data:
-        if key not in MachineModel.model_fields:
+        if key in RENAMED_MACHINE_FIELDS:
+            problems.append(f"{key}: renamed to {RENAMED_MACHINE_FIELDS[key]!r} (plan schema 2: units in names that cannot be misread)")
+        elif key not in MachineModel.model_fields:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             problems.append(f"{key}: unknown field{hint}")
@@ -239,7 +241,7 @@ def _with_ranks(machine: MachineModel, ranks: int) -> MachineModel:
             devices_per_node=ranks,
             device_memory_gib=machine.device_memory_gib * scale,
             peak_tflops={p: tf * scale for p, tf in machine.peak_tflops.items()},
-            memory_bandwidth_gbps=machine.memory_bandwidth_gbps * scale,
+            memory_bandwidth_gbyte_s=machine.memory_bandwidth_gbyte_s * scale,
             description=machine.description + f" Re-split from {old} to {ranks} ranks (compute and memory divided).",
         )
     )

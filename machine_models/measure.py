@@ -33,7 +33,7 @@ How one node and a multi-node run make a model of a whole machine:
   - A run over 2+ nodes (under srun or mpiexec, one process per device; measure() reads the
     launcher's RANK/WORLD_SIZE and the ranks per node) times the same collectives across the
     nodes: their alpha is the inter-node latency, and their beta times the ranks per node is
-    the injection bandwidth of one node (nics_per_node x nic_gbps), since all ranks of a node
+    the injection bandwidth of one node (nics_per_node x nic_gbit_s), since all ranks of a node
     share its NICs in a ring that crosses nodes. One rank per node measures the NIC path alone.
   - What no benchmark of a few nodes can see comes from the site's description: the number
     of nodes, the topology (fat tree, dragonfly groups and their taper) and NICs per node.
@@ -63,7 +63,7 @@ from machine_models.measure_collectives import (  # noqa: F401 - KINDS is part o
     _sync,
 )
 
-MEASUREMENTS_VERSION = 1
+MEASUREMENTS_VERSION = 2  # 2: bandwidths renamed *_gbyte_s (were *_gbps)
 
 # Matmul shapes (M, N, K): square ones for the curve, skinny ones as a transformer's per-rank
 # GEMMs are (many tokens x a narrow slice of a wide weight, or few tokens x a wide weight).
@@ -291,16 +291,16 @@ def _measure_memory(device_type: str, ranks: int, quick: bool, bar: "_Progress")
     src = torch.ones(nbytes // 4, device=device_type, dtype=torch.float32)
     dst = torch.empty_like(src)
     seconds = _time_repeated(lambda: dst.copy_(src), device_type, 0.3 if quick else 1.0, max_calls=50)
-    gbps = 2 * nbytes / seconds / 1e9
+    gbyte_s = 2 * nbytes / seconds / 1e9
     shared = device_type == "cpu"
     bar.advance(task)
     return {
         "bytes": nbytes,
         "seconds": seconds,
-        "measured_gbps": gbps,
+        "measured_gbyte_s": gbyte_s,
         "threads": torch.get_num_threads() if shared else None,
         "shared_by_ranks": ranks if shared else 1,
-        "gbps_per_device": gbps / ranks if shared else gbps,
+        "gbyte_s_per_device": gbyte_s / ranks if shared else gbyte_s,
     }
 
 

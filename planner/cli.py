@@ -17,7 +17,7 @@ from planner.schema.errors import PlanError
 EPILOG = """examples:
   exaplan plan --model protein-3.5b --machine aurora --nodes 3200
   exaplan plan --model protein-70b --machine frontier --nodes 64 --global-batch 512 --top 10 -o plan.yaml
-  exaplan plan --model protein-7b --machine dgx-h100 --nodes 16 --set machine.nic_gbps=800   # what if NICs were 2x?
+  exaplan plan --model protein-7b --machine dgx-h100 --nodes 16 --set machine.nic_gbit_s=800   # what if NICs were 2x?
   exaplan estimate --model protein-3.5b --machine frontier --nodes 8 --tp 1 --pp 1 --dp 64 --mbs 8 \\
       --global-batch 512 --shard zero1 --recompute none
   exaplan explain plan.yaml
@@ -27,7 +27,7 @@ EPILOG = """examples:
 """
 
 SET_HELP = ("override a spec field by dotted path, repeatable: model.layers=96, model.vocab_size=51200, "
-            "machine.nics_per_node=4, machine.nic_gbps=400 (per NIC per direction, Gbit/s), "
+            "machine.nics_per_node=4, machine.nic_gbit_s=400 (per NIC per direction, Gbit/s), "
             "machine.overlap.dp=0.5 ... ")
 
 

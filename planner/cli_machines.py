@@ -67,8 +67,8 @@ def cmd_calibrate(args) -> int:
     console.print(f"wrote {out} (raw measurements beside it)")
     console.print(f"matmul: peak {m.peak_tflops[next(iter(m.peak_tflops))] * 1e3:.1f} GFLOP/s x efficiency "
                   f"{m.matmul_efficiency.peak_fraction:.2f} (half at d = {m.matmul_efficiency.half_dim:.0f}); memory "
-                  f"{m.memory_bandwidth_gbps:.1f} GB/s; collectives alpha {m.intra_node_latency_us:.0f} us, "
-                  f"beta {m.intra_node_bandwidth_gbps:.2f} GB/s per rank")
+                  f"{m.memory_bandwidth_gbyte_s:.1f} GB/s; collectives alpha {m.intra_node_latency_us:.0f} us, "
+                  f"beta {m.intra_node_bandwidth_gbyte_s:.2f} GB/s per rank")
     return 0
 
 

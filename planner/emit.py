@@ -13,7 +13,6 @@ from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, SH_NONE, Layou
 from planner.cost.memory import GIB, activation_bytes, microbatches_in_flight
 from planner.cost.step import Evaluation
 from planner.schema.plan import (
-    EXPLICIT_RANKS_UP_TO,
     CollectiveChoice,
     Collectives,
     Communicator,
@@ -168,7 +167,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         pipeline=Pipeline(schedule=schedule, virtual_stages=row["vpp"], stages=stage_assignment(model, machine, job, one)),
         sharding=ShardingOptions(
             kind=kind, shard_group_size=row["dp_shard"], reshard_after_forward=kind != Sharding.fsdp_grad_op,
-            backward_prefetch="backward_pre", limit_all_gathers=True, ddp_bucket_mb=float(ev.ddp_bucket_mb[i]),
+            ddp_bucket_mb=float(ev.ddp_bucket_mb[i]),
         ),
         recompute=RECOMPUTES[row["recompute"]],
         collectives=Collectives(library=machine.collective_library.value, communicators=comms, env=env),
@@ -176,6 +175,4 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,
                               command=command or shlex.join(["exaplan", *sys.argv[1:]])),
     )
-    if plan.world_size <= EXPLICIT_RANKS_UP_TO:
-        plan.rank_mapping.ranks = plan.rank_table()
     return seal(plan)

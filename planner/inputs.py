@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from planner.schema.errors import PlanError, format_validation_error
 from planner.presets import MODEL_PRESETS, get_model
-from planner.schema.specs import MachineModel, ModelSpec, Precision, TrainingJob
+from planner.schema.specs import RENAMED_MACHINE_FIELDS, MachineModel, ModelSpec, Precision, TrainingJob
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -81,6 +81,8 @@ def _set_path(data: dict, parts: list[str], value: Any, full_key: str, cls: type
     for i, part in enumerate(parts):
         if not isinstance(node, dict) or part not in node:
             options = list(node) if isinstance(node, dict) else []
+            if cls is MachineModel and i == 0 and part in RENAMED_MACHINE_FIELDS:
+                raise PlanError(f"renamed to '{RENAMED_MACHINE_FIELDS[part]}'", field=full_key)
             near = difflib.get_close_matches(part, options, n=1)
             hint = f" (did you mean '{near[0]}'?)" if near else f"; fields: {', '.join(options)}" if options else ""
             raise PlanError(f"unknown field{hint}", field=full_key)

@@ -142,8 +142,7 @@ def explain_plan(plan: Plan, console: Console) -> None:
                   f"{' | sequence parallel' if p.sequence_parallel else ''} | recompute {p.recompute.value}")
     s = p.sharding
     console.print(f"sharding: {s.kind.value}" + (f" (shard group {s.shard_group_size})" if s.kind.value == "hsdp" else "")
-                  + f" | reshard after forward {s.reshard_after_forward} | prefetch {s.backward_prefetch} | "
-                  f"limit all-gathers {s.limit_all_gathers} | DDP bucket {s.ddp_bucket_mb:g} MB")
+                  + f" | reshard after forward {s.reshard_after_forward} | DDP bucket {s.ddp_bucket_mb:g} MB")
     if p.pipeline.schedule:
         st = Table(title=f"Pipeline: {p.pipeline.schedule.value}, {p.pipeline.virtual_stages} virtual stage(s) per rank", title_justify="left")
         for col in ("stage", "pp rank", "chunk", "layers", "extra"):

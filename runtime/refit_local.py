@@ -36,13 +36,13 @@ def _get(machine, fig: str) -> float:
             "dp_buffer_copies": lambda: machine.dp_buffer_copies,
             "rs_ag_efficiency": lambda: (machine.collective_efficiency.reduce_scatter
                                          * machine.collective_efficiency.all_gather) ** 0.5,
-            "memory_bandwidth_gbps": lambda: machine.memory_bandwidth_gbps,
+            "memory_bandwidth_gbyte_s": lambda: machine.memory_bandwidth_gbyte_s,
             "attention_efficiency_factor": lambda: machine.attention_efficiency_factor}[fig]()
 
 
 BOUNDS = {"peak_fraction": (0.02, 1.0), "half_dim": (0.0, 4096.0), "overlap_dp": (0.0, 1.0),
           "step_overhead_s": (0.0, 2.0), "op_overhead_us": (0.0, 500.0), "dtensor_op_overhead_us": (0.0, 2000.0), "optimizer_bytes_per_param": (8.0, 400.0),
-          "allreduce_efficiency": (0.02, 1.0), "rs_ag_efficiency": (0.02, 1.0), "dp_buffer_copies": (0.0, 6.0), "memory_bandwidth_gbps": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
+          "allreduce_efficiency": (0.02, 1.0), "rs_ag_efficiency": (0.02, 1.0), "dp_buffer_copies": (0.0, 6.0), "memory_bandwidth_gbyte_s": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
 
 
 def with_figures(machine, figures: dict[str, float]):
@@ -72,8 +72,8 @@ def with_figures(machine, figures: dict[str, float]):
         elif k == "rs_ag_efficiency":  # both at one figure: the runs seldom tell them apart
             v = min(max(v, 0.01), 1.0)
             m.collective_efficiency = m.collective_efficiency.model_copy(update={"reduce_scatter": v, "all_gather": v})
-        elif k == "memory_bandwidth_gbps":
-            m.memory_bandwidth_gbps = v
+        elif k == "memory_bandwidth_gbyte_s":
+            m.memory_bandwidth_gbyte_s = v
         elif k == "attention_efficiency_factor":
             m.attention_efficiency_factor = min(max(v, 0.0), 1.0)
         else:

@@ -82,7 +82,7 @@ def elementwise_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob,
 
 def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray]:
     """(forward_s, forward+backward+recompute_s) of one block for one micro-batch."""
-    bw = machine.memory_bandwidth_gbps * 1e9
+    bw = machine.memory_bandwidth_gbyte_s * 1e9
     attn = attention_core_time(model, machine, job, lay)
     dense = dense_time(model, machine, job, lay)
     elem = elementwise_bytes(model, machine, job, lay) / bw
@@ -97,7 +97,7 @@ def head_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: La
     T = tokens_per_microbatch(job, lay)
     gemm = gemm_time(machine, job, T, model.vocab_size / lay.tp, model.hidden)
     softmax_bytes = 4 * 4 * T * model.vocab_size / lay.tp  # fp32 logits: write, read, write, read
-    return 3.0 * gemm + 2.0 * softmax_bytes / (machine.memory_bandwidth_gbps * 1e9)
+    return 3.0 * gemm + 2.0 * softmax_bytes / (machine.memory_bandwidth_gbyte_s * 1e9)
 
 
 # Operators one block launches for one micro-batch: forward (two norms of ~6 ops, three QKV

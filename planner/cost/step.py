@@ -233,7 +233,7 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     # Each one's buffer also passes through memory around the collective (FSDP2's copy-in to
     # a flat buffer and copy-out; DDP's and ZeRO's bucket copies): in line on a CPU, hidden
     # on the communication stream of a GPU (machine.dp_buffer_copies passes, read + write).
-    copy_s = machine.dp_buffer_copies * 2.0 / (machine.memory_bandwidth_gbps * 1e9)
+    copy_s = machine.dp_buffer_copies * 2.0 / (machine.memory_bandwidth_gbyte_s * 1e9)
     # ZeRO's gradients already sit in its flat buckets (hooks add them during backward) and
     # only the all-gathered weights are copied back: half the passes, on the all-gather.
     for r in rsag_codes:
@@ -267,7 +267,7 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     # AdamW reads and writes its shard (fp32 weights, gradients, two moments, the 16-bit
     # copy), plus the framework's fixed cost per step.
     per_param = machine.optimizer_bytes_per_param or (30.0 if job.precision != Precision.fp32 else 28.0)
-    optimizer_s = opt_params * per_param / (machine.memory_bandwidth_gbps * 1e9)
+    optimizer_s = opt_params * per_param / (machine.memory_bandwidth_gbyte_s * 1e9)
     # Operators the optimizer launches: per parameter tensor, or per flat bucket under ZeRO.
     tensors = np.where(zero, zb, n_blocks * compute.TENSORS_PER_BLOCK + 3)
     optimizer_s = optimizer_s + machine.step_overhead_s + machine.op_overhead_us * 1e-6 * compute.OPTIMIZER_OPS_PER_TENSOR * tensors

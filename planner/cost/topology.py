@@ -43,8 +43,8 @@ def build_graph(machine: MachineModel, nodes: int, sample_group_size: int | None
     figures are per node and per tier). `sample_group_size` places that many of the sampled
     nodes in each group (the global links keep the machine's real group capacity)."""
     g = nx.Graph()
-    intra_bw = machine.intra_node_bandwidth_gbps * GB
-    nic_bw = machine.nic_gbps / 8.0 * GB
+    intra_bw = machine.intra_node_bandwidth_gbyte_s * GB
+    nic_bw = machine.nic_gbit_s / 8.0 * GB
     half_intra = machine.intra_node_latency_us * 1e-6 / 2
     # Inter-node latency: NIC -> leaf and leaf -> NIC carry half each; crossing the global
     # layer of a dragonfly adds half again.
@@ -88,7 +88,7 @@ def node_injection(g: nx.Graph, node: int) -> float:
 
 
 NETWORK_FIELDS = (
-    "devices_per_node", "intra_node_bandwidth_gbps", "intra_node_latency_us", "nics_per_node", "nic_gbps",
+    "devices_per_node", "intra_node_bandwidth_gbyte_s", "intra_node_latency_us", "nics_per_node", "nic_gbit_s",
     "inter_node_latency_us", "topology", "global_bandwidth_taper", "nodes_per_group", "network_efficiency", "nodes",
     "collective_efficiency",
 )
@@ -98,7 +98,7 @@ NETWORK_FIELDS = (
 def _tiers_cached(network_json: str) -> LinkTiers:
     machine = SimpleNamespace(**json.loads(network_json))
     machine.topology = TopologyKind(machine.topology)
-    machine.node_injection_gbps = machine.nics_per_node * machine.nic_gbps / 8.0
+    machine.node_injection_gbyte_s = machine.nics_per_node * machine.nic_gbit_s / 8.0
     dragonfly = machine.topology == TopologyKind.dragonfly
     # Two nodes of one group (and on a dragonfly a third in another group) show every tier.
     sample_nodes = min(3 if dragonfly else 2, machine.nodes)
@@ -107,12 +107,12 @@ def _tiers_cached(network_json: str) -> LinkTiers:
     if machine.devices_per_node > 1:
         intra_lat, intra_bw = path_figures(g, dev0, ("device", 0, 1))
     else:
-        intra_lat, intra_bw = machine.intra_node_latency_us * 1e-6, machine.intra_node_bandwidth_gbps * GB
+        intra_lat, intra_bw = machine.intra_node_latency_us * 1e-6, machine.intra_node_bandwidth_gbyte_s * GB
     if sample_nodes > 1:
         inter_lat, _ = path_figures(g, dev0, ("device", 1, 0))
         injection = node_injection(g, 0)
     else:
-        inter_lat, injection = machine.inter_node_latency_us * 1e-6, machine.node_injection_gbps * GB
+        inter_lat, injection = machine.inter_node_latency_us * 1e-6, machine.node_injection_gbyte_s * GB
     return LinkTiers(
         intra_bandwidth_Bps=intra_bw * machine.network_efficiency,
         intra_latency_s=intra_lat,

@@ -22,7 +22,13 @@ from pydantic import Field, ValidationError, model_validator
 from planner.schema.errors import PlanError, format_validation_error
 from planner.schema.specs import Algorithm, MachineModel, ModelSpec, PosInt, Spec, TrainingJob
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# What changed in each version, for the message that refuses an older plan file.
+SCHEMA_CHANGES = {
+    2: "machine bandwidths renamed with unambiguous units (nic_gbps -> nic_gbit_s, memory_bandwidth_gbps -> "
+       "memory_bandwidth_gbyte_s, intra_node_bandwidth_gbps -> intra_node_bandwidth_gbyte_s); rank_mapping, "
+       "sharding.backward_prefetch and sharding.limit_all_gathers removed (derivable or never read)",
+}
 
 # Mesh axes, outermost first; the rank is the row-major index over these degrees, so tp is
 # the fastest-varying axis (tensor-parallel ranks are neighbours, inside a node).
@@ -62,7 +68,12 @@ class Communicator(str, Enum):
 
 
 class Mesh(Spec):
-    """Degrees of the mesh axes, in the fixed order pp, dp_replicate, dp_shard, cp, tp."""
+    """Degrees of the mesh axes, in the fixed order pp, dp_replicate, dp_shard, cp, tp.
+
+    Where each global rank runs follows from the degrees (no table is stored): ranks fill
+    nodes in order (node = rank // ranks_per_node, device = rank % ranks_per_node) and take
+    mesh coordinates row-major over MESH_AXES, tp fastest (`Plan.placement`,
+    `Plan.coordinates`, `Plan.rank_table`)."""
 
     pp: PosInt = 1
     dp_replicate: PosInt = 1
@@ -86,20 +97,6 @@ class Mesh(Spec):
         return self.dp_replicate * self.dp_shard
 
 
-class RankMapping(Spec):
-    """Where each global rank runs. Ranks fill nodes in order (node = rank // ranks_per_node,
-    device = rank % ranks_per_node) and take mesh coordinates row-major over `axis_order`
-    (the last axis, tp, varies fastest). `ranks` spells the mapping out for small worlds."""
-
-    axis_order: list[str] = Field(default_factory=lambda: list(MESH_AXES))
-    node_of_rank: Literal["rank // ranks_per_node"] = "rank // ranks_per_node"
-    device_of_rank: Literal["rank % ranks_per_node"] = "rank % ranks_per_node"
-    ranks: list[list[int]] = Field(default_factory=list, description="[rank, node, device, pp, dp_replicate, dp_shard, cp, tp] rows (worlds of at most 64 ranks)")
-
-
-EXPLICIT_RANKS_UP_TO = 64
-
-
 class StageAssignment(Spec):
     """One (virtual) pipeline stage: layers [first_layer, last_layer) on pipeline rank pp_rank."""
 
@@ -121,8 +118,6 @@ class ShardingOptions(Spec):
     kind: Sharding = Sharding.none
     shard_group_size: PosInt = Field(1, description="Ranks that shard one replica (= dp_shard).")
     reshard_after_forward: bool = True
-    backward_prefetch: Literal["none", "backward_pre", "backward_post"] = "backward_pre"
-    limit_all_gathers: bool = True
     ddp_bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).")
 
 
@@ -170,8 +165,9 @@ class Prediction(Spec):
     hardware_tflops_per_device: float
     mfu: float
     time_to_train_days: float
-    model_flops_per_step: float = Field(0.0, description="As the trainer executes them (dpo: policy + reference forward).")
-    six_n_flops_per_step: float = Field(0.0, description="6 x parameters x the policy's tokens per step (the usual convention).")
+    model_flops_per_step: float = Field(gt=0, description="Model FLOPs per optimizer step as the trainer executes them "
+                                                          "(forward + backward; dpo: plus the reference's forward in the step).")
+    six_n_flops_per_step: float = Field(gt=0, description="6 x parameters x the policy's tokens per step (the usual convention).")
 
 
 class Provenance(Spec):
@@ -182,14 +178,13 @@ class Provenance(Spec):
 
 
 class Plan(Spec):
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     model: ModelSpec
     machine: MachineModel
     job: TrainingJob
     nodes: PosInt
     ranks_per_node: PosInt
     mesh: Mesh
-    rank_mapping: RankMapping = Field(default_factory=RankMapping)
     micro_batch_size: PosInt
     grad_accumulation_steps: PosInt
     sequence_parallel: bool = False
@@ -263,10 +258,6 @@ def plan_problems(plan: Plan) -> list[str]:
         p.append("sharding.kind hsdp needs dp_shard >= 2 and dp_replicate >= 2")
     if m.sharding.shard_group_size != mesh.dp_shard:
         p.append(f"sharding.shard_group_size ({m.sharding.shard_group_size}) != mesh.dp_shard ({mesh.dp_shard})")
-    if m.rank_mapping.axis_order != list(MESH_AXES):
-        p.append(f"rank_mapping.axis_order must be {list(MESH_AXES)}")
-    if m.rank_mapping.ranks and m.rank_mapping.ranks != plan.rank_table():
-        p.append("rank_mapping.ranks disagrees with the row-major rule over the mesh")
     p += _pipeline_problems(plan)
     return p
 
@@ -368,7 +359,7 @@ def load_plan(path: str | Path) -> Plan:
         raise PlanError("not a plan (expected a mapping at the top level)", field=str(path))
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise PlanError(f"schema_version {version!r} is not supported (this exaplan reads {SCHEMA_VERSION})", field=str(path))
+        raise PlanError(_version_message(version, data), field=str(path))
     try:
         plan = Plan.model_validate(data)
     except ValidationError as e:
@@ -381,3 +372,13 @@ def load_plan(path: str | Path) -> Plan:
             field=str(path),
         )
     return plan
+
+
+def _version_message(version, data: dict) -> str:
+    """Why a plan of another schema version is refused, and how to make a current one."""
+    command = (data.get("provenance") or {}).get("command") if isinstance(data.get("provenance"), dict) else None
+    regenerate = f"regenerate it: {command}" if command else "regenerate it with the command in its header"
+    if isinstance(version, int) and 0 < version < SCHEMA_VERSION:
+        changes = "; ".join(f"schema {v}: {SCHEMA_CHANGES[v]}" for v in range(version + 1, SCHEMA_VERSION + 1))
+        return f"schema_version {version} was written by an older exaplan (this one reads {SCHEMA_VERSION}; {changes}); {regenerate}"
+    return f"schema_version {version!r} is not supported (this exaplan reads {SCHEMA_VERSION}); {regenerate}"

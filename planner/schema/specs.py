@@ -126,6 +126,16 @@ class CollectiveEfficiency(Spec):
     all_gather: Fraction = Field(1.0, description="All-gather, relative to a ring at the link figures.")
 
 
+# Machine fields renamed in plan schema 2 (old -> new): units in the name that cannot be
+# misread (Gbit/s for NICs, GB/s for memory and fabrics). Old machine files and `--set` get
+# the new name in their error message.
+RENAMED_MACHINE_FIELDS = {
+    "nic_gbps": "nic_gbit_s",
+    "memory_bandwidth_gbps": "memory_bandwidth_gbyte_s",
+    "intra_node_bandwidth_gbps": "intra_node_bandwidth_gbyte_s",
+}
+
+
 class MachineModel(Spec):
     """A machine: nodes of identical devices, an intra-node fabric and NICs into a fabric."""
 
@@ -139,12 +149,12 @@ class MachineModel(Spec):
     attention_efficiency_factor: Fraction = Field(
         0.8, description="Attention-core efficiency relative to a GEMM of the same size (flash kernels)."
     )
-    memory_bandwidth_gbps: PosFloat = Field(description="Device memory bandwidth (GB/s) for elementwise ops and the optimizer.")
+    memory_bandwidth_gbyte_s: PosFloat = Field(description="Device memory bandwidth (GB/s) for elementwise ops and the optimizer.")
     flash_attention: bool = Field(True, description="Fused attention that never stores the s x s scores.")
-    intra_node_bandwidth_gbps: PosFloat = Field(description="Intra-node fabric bandwidth per device per direction (GB/s).")
+    intra_node_bandwidth_gbyte_s: PosFloat = Field(description="Intra-node fabric bandwidth per device per direction (GB/s).")
     intra_node_latency_us: PosFloat = Field(description="Latency of one intra-node message (microseconds).")
     nics_per_node: PosInt = Field(description="Network interfaces per node.")
-    nic_gbps: PosFloat = Field(description="Bandwidth per NIC per direction (Gbit/s).")
+    nic_gbit_s: PosFloat = Field(description="Bandwidth per NIC per direction (Gbit/s).")
     inter_node_latency_us: PosFloat = Field(description="Latency of one inter-node message (microseconds).")
     topology: TopologyKind = Field(TopologyKind.fat_tree, description="Kind of inter-node fabric.")
     global_bandwidth_taper: Fraction = Field(
@@ -192,9 +202,9 @@ class MachineModel(Spec):
         return self
 
     @property
-    def node_injection_gbps(self) -> float:
+    def node_injection_gbyte_s(self) -> float:
         """Bytes/s a node can send into the fabric (GB/s), all NICs together."""
-        return self.nics_per_node * self.nic_gbps / 8.0
+        return self.nics_per_node * self.nic_gbit_s / 8.0
 
     def peak_flops(self, precision: Precision) -> float:
         """Peak dense FLOP/s per device at this precision (falls back to fp32 if absent)."""

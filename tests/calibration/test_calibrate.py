@@ -75,7 +75,7 @@ def _fake_measurements(ranks=2):
         "threads_per_rank": 1, "quick": True,
         "matmul": [{"precision": "fp32", "m": x, "n": x, "k": x, "d": x, "tflops": 0.15 * x / (x + 100)} for x in d]
         + [{"precision": "bf16", "m": 256, "n": 256, "k": 256, "d": 256, "tflops": 0.001}],
-        "memory": {"gbps_per_device": 8.0},
+        "memory": {"gbyte_s_per_device": 8.0},
         "optimizer": {"params": 10_000_000, "seconds": 0.08},  # 8 ns a parameter at 8 GB/s: 64 B
         "collectives": {},
     }
@@ -92,8 +92,8 @@ def test_fit_sets_the_machine_figures():
     m = fit(meas, detect_local_machine(2))
     assert m.calibrated
     assert m.intra_node_latency_us == pytest.approx(200, rel=0.1)
-    assert m.intra_node_bandwidth_gbps == pytest.approx(0.9, rel=0.1)
-    assert m.memory_bandwidth_gbps == 8.0
+    assert m.intra_node_bandwidth_gbyte_s == pytest.approx(0.9, rel=0.1)
+    assert m.memory_bandwidth_gbyte_s == 8.0
     assert m.matmul_efficiency.half_dim == pytest.approx(100, rel=0.05)
     eff = m.matmul_efficiency
     # The model reproduces the measured GEMMs, and bf16's single point, with the shared curve.
@@ -136,7 +136,7 @@ def test_calibration_file_round_trips(tmp_path):
         (lambda m: m["collectives"]["allreduce"]["bytes"].pop(), "collectives.allreduce.times_s"),
         (lambda m: m["matmul"][1].__setitem__("tflops", math.nan), "matmul.fp32.tflops"),
         (lambda m: m.__setitem__("matmul", []), "matmul"),
-        (lambda m: m["memory"].__setitem__("gbps_per_device", -3.0), "memory.gbps_per_device"),
+        (lambda m: m["memory"].__setitem__("gbyte_s_per_device", -3.0), "memory.gbyte_s_per_device"),
         (lambda m: m["optimizer"].__setitem__("seconds", math.nan), "optimizer.seconds"),
         (lambda m: m["optimizer"].__setitem__("params", 0), "optimizer.params"),
     ],
@@ -172,7 +172,7 @@ def test_measure_tiny_matmul_and_memory_then_fit(tmp_path):
 
     meas = measure(ranks=2, quick=True, progress=False, collectives=False)
     json.dumps(meas)
-    assert meas["matmul"] and meas["memory"]["gbps_per_device"] > 0
+    assert meas["matmul"] and meas["memory"]["gbyte_s_per_device"] > 0
     assert "collectives" not in meas
     m = fit(meas, detect_local_machine(2))
     write_calibration(m, meas, tmp_path / "local.yaml")

@@ -106,7 +106,7 @@ def test_set_model_layers_changes_the_estimate(capsys):
 
 def test_set_nic_bandwidth_changes_comm_time(capsys):
     fast = run_json(capsys, *EST_3_5B)
-    slow = run_json(capsys, *EST_3_5B, "--set", "machine.nic_gbps=10")
+    slow = run_json(capsys, *EST_3_5B, "--set", "machine.nic_gbit_s=10")
     assert slow["breakdown"]["exposed_dp_s"] > 10 * fast["breakdown"]["exposed_dp_s"]
     assert slow["breakdown"]["compute_s"] == fast["breakdown"]["compute_s"]
     assert slow["step_time_s"] > fast["step_time_s"]
@@ -175,8 +175,10 @@ BAD = [
     ("unknown-model", lambda t: ("plan", "--model", "protein-9b", "--machine", "dgx-h100"), "model: unknown model 'protein-9b'"),
     ("misspelt-set", lambda t: ("plan", *TINY, "--set", "model.layer=96"), "model.layer: unknown field (did you mean 'layers'?)"),
     ("misspelt-nested-set", lambda t: ("plan", *TINY, "--set", "machine.overlap.dpp=0.5"), "machine.overlap.dpp: unknown field"),
+    ("set-renamed-field", lambda t: ("plan", *TINY, "--set", "machine.memory_bandwidth_gbps=100"),
+     "machine.memory_bandwidth_gbps: renamed to 'memory_bandwidth_gbyte_s'"),
     ("set-bad-prefix", lambda t: ("plan", *TINY, "--set", "nodes=3"), "nodes: --set fields start with"),
-    ("set-bad-value", lambda t: ("plan", *TINY, "--set", "machine.nic_gbps=-1"), "machine.nic_gbps"),
+    ("set-bad-value", lambda t: ("plan", *TINY, "--set", "machine.nic_gbit_s=-1"), "machine.nic_gbit_s"),
     ("zero-nodes", lambda t: ("plan", *TINY, "--nodes", "0"), "nodes: must be a positive"),
     ("negative-nodes", lambda t: ("plan", *TINY, "--nodes", "-4"), "nodes: must be a positive"),
     ("too-many-nodes", lambda t: ("plan", *TINY, "--nodes", "100000"), "nodes: 100000 nodes asked for"),

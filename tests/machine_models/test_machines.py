@@ -47,9 +47,9 @@ def test_preset_loads_and_is_sane(name):
     assert not m.calibrated
     bf16, fp32 = m.peak_flops(Precision.bf16), m.peak_flops(Precision.fp32)
     assert 100e12 < bf16 < 2000e12 and fp32 < bf16
-    assert 1000 <= m.memory_bandwidth_gbps <= 5000
+    assert 1000 <= m.memory_bandwidth_gbyte_s <= 5000
     assert m.collective_library != CollectiveLibrary.gloo
-    assert m.intra_node_bandwidth_gbps * m.devices_per_node > m.node_injection_gbps
+    assert m.intra_node_bandwidth_gbyte_s * m.devices_per_node > m.node_injection_gbyte_s
     assert 0 < m.matmul_efficiency.peak_fraction < 1
     if m.topology == TopologyKind.dragonfly:
         assert m.global_bandwidth_taper < 1
@@ -58,11 +58,11 @@ def test_preset_loads_and_is_sane(name):
 
 @pytest.mark.parametrize("name", sorted(SEEDS))
 def test_seed_systems_match_seeds_table(name):
-    devices, memory_gib, injection_gbps, library = SEEDS[name]
+    devices, memory_gib, injection_gbyte_s, library = SEEDS[name]
     m = load_machine(name)
     assert m.devices_per_node == devices
     assert m.device_memory_gib == memory_gib
-    assert m.node_injection_gbps == pytest.approx(injection_gbps)
+    assert m.node_injection_gbyte_s == pytest.approx(injection_gbyte_s)
     assert m.collective_library.value == library
 
 
@@ -116,6 +116,16 @@ def test_misspelt_field_is_named_with_a_suggestion(tmp_path):
         load_machine(str(path))
     msg = str(err.value)
     assert str(path) in msg and "peak_tflop" in msg and "did you mean 'peak_tflops'" in msg
+
+
+def test_renamed_bandwidth_field_names_its_new_name(tmp_path):
+    data = yaml.safe_load((loader.PRESET_DIR / "alps.yaml").read_text())
+    data["nic_gbps"] = data.pop("nic_gbit_s")
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(PlanError) as err:
+        load_machine(str(path))
+    assert "nic_gbps: renamed to 'nic_gbit_s'" in str(err.value)
 
 
 def test_nested_misspelt_field_and_bad_value_are_named(tmp_path):

@@ -148,11 +148,11 @@ def test_link_tiers_of_a_machine():
     t = link_tiers(m)
     eff = m.network_efficiency
     assert t.devices_per_node == m.devices_per_node
-    assert t.intra_bandwidth_Bps == pytest.approx(m.intra_node_bandwidth_gbps * 1e9 * eff, rel=1e-12)
+    assert t.intra_bandwidth_Bps == pytest.approx(m.intra_node_bandwidth_gbyte_s * 1e9 * eff, rel=1e-12)
     assert t.intra_latency_s == pytest.approx(m.intra_node_latency_us * 1e-6, rel=1e-12)
-    assert t.node_injection_Bps == pytest.approx(m.nics_per_node * m.nic_gbps / 8 * 1e9 * eff, rel=1e-9)
+    assert t.node_injection_Bps == pytest.approx(m.nics_per_node * m.nic_gbit_s / 8 * 1e9 * eff, rel=1e-9)
     # Doubling the NICs' speed doubles the injection bandwidth and nothing inside the node.
-    t2 = link_tiers(m.model_copy(update={"nic_gbps": 2 * m.nic_gbps}))
+    t2 = link_tiers(m.model_copy(update={"nic_gbit_s": 2 * m.nic_gbit_s}))
     assert t2.node_injection_Bps == pytest.approx(2 * t.node_injection_Bps, rel=1e-9)
     assert t2.intra_bandwidth_Bps == t.intra_bandwidth_Bps
 

@@ -244,7 +244,7 @@ def test_cpu_terms_optimizer_bytes_and_buffer_copies():
     opt = evaluate(m, mach.model_copy(update={"optimizer_bytes_per_param": 56.0}), j, L)
     extra = opt.optimizer_s - base.optimizer_s
     # DDP updates all P parameters, FSDP its 1/8 shard: 28 more bytes each at the HBM rate.
-    assert extra[0] == pytest.approx(P * 28 / (mach.memory_bandwidth_gbps * 1e9), rel=1e-6)
+    assert extra[0] == pytest.approx(P * 28 / (mach.memory_bandwidth_gbyte_s * 1e9), rel=1e-6)
     assert extra[1] == pytest.approx(extra[0] / 8, rel=1e-6)
     slow = mach.model_copy(update={"dp_buffer_copies": 2.0, "overlap": mach.overlap.model_copy(update={"dp": 0.0})})
     no_copy = mach.model_copy(update={"overlap": mach.overlap.model_copy(update={"dp": 0.0})})

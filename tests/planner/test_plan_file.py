@@ -202,7 +202,7 @@ def test_missing_file(tmp_path):
     assert err.value.field == str(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, 3, "2", None])
 def test_wrong_schema_version(a_plan, tmp_path, version):
     body = a_plan.model_dump(mode="json")
     if version is None:
@@ -213,6 +213,23 @@ def test_wrong_schema_version(a_plan, tmp_path, version):
     p.write_text(json.dumps(body))
     with pytest.raises(PlanError, match="schema_version"):
         load_plan(p)
+
+
+def test_plan_of_an_older_schema_says_what_changed_and_how_to_regenerate(a_plan, tmp_path):
+    """A schema-1 plan (old bandwidth names, rank_mapping) is refused with the regenerating
+    command from its own provenance."""
+    body = a_plan.model_dump(mode="json")
+    body["schema_version"] = 1
+    body["machine"]["nic_gbps"] = body["machine"].pop("nic_gbit_s")
+    body["rank_mapping"] = {"axis_order": ["pp", "dp_replicate", "dp_shard", "cp", "tp"], "ranks": []}
+    p = tmp_path / "old.yaml"
+    p.write_text(yaml.safe_dump(body))
+    with pytest.raises(PlanError) as err:
+        load_plan(p)
+    msg = str(err.value)
+    assert "schema_version 1 was written by an older exaplan" in msg
+    assert "nic_gbps -> nic_gbit_s" in msg and "rank_mapping" in msg
+    assert msg.endswith(f"regenerate it: {a_plan.provenance.command}")
 
 
 @pytest.mark.parametrize("text", ["", "- a\n- b\n", "just a string\n", "42\n"])

@@ -37,8 +37,8 @@ GIB = 2.0**30
 def two_device_machine(**kw) -> MachineModel:
     """One node of two devices on gloo (one algorithm: ring); figures chosen per test."""
     d = dict(name="pair", device_name="test device", devices_per_node=2, device_memory_gib=16.0,
-             peak_tflops={Precision.fp32: 10.0, Precision.bf16: 100.0}, memory_bandwidth_gbps=1000.0,
-             intra_node_bandwidth_gbps=100.0, intra_node_latency_us=5.0, nics_per_node=1, nic_gbps=100.0,
+             peak_tflops={Precision.fp32: 10.0, Precision.bf16: 100.0}, memory_bandwidth_gbyte_s=1000.0,
+             intra_node_bandwidth_gbyte_s=100.0, intra_node_latency_us=5.0, nics_per_node=1, nic_gbit_s=100.0,
              inter_node_latency_us=5.0, topology="single-node", collective_library="gloo", algorithms=["ring"], nodes=1)
     d.update(kw)
     return MachineModel(**d)
@@ -61,7 +61,7 @@ def test_latency_bound_network_picks_pure_data_parallelism():
     wins, with a step of 2 s plus (negligible) compute."""
     alpha_s = 1.0
     mach = two_device_machine(intra_node_latency_us=alpha_s * 1e6, inter_node_latency_us=alpha_s * 1e6,
-                              intra_node_bandwidth_gbps=1e6, nic_gbps=1e6, overlap=Overlap(dp=0, tp=0, pp=0, cp=0))
+                              intra_node_bandwidth_gbyte_s=1e6, nic_gbit_s=1e6, overlap=Overlap(dp=0, tp=0, pp=0, cp=0))
     model = tiny()
     job = TrainingJob(global_batch=8, seq_len=128, precision="bf16")
     res = search(model, mach, job, nodes=1, top_k=5)

@@ -126,7 +126,6 @@ def make_plan(lay: dict) -> Plan:
     d["machine"] = {**d["machine"], "devices_per_node": world}
     d["ranks_per_node"] = world
     d["mesh"] = {**d["mesh"], "pp": pp, "cp": lay["cp"]}
-    d["rank_mapping"] = {**d["rank_mapping"], "ranks": []}
     if pp > 1:
         layers = SPECS[lay["spec"]].layers
         ranges = [(i * layers // pp, (i + 1) * layers // pp) for i in range(pp)]

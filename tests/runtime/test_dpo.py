@@ -80,7 +80,6 @@ def make_plan(world: int, *, pp: int = 1, dp_replicate: int = 1, dp_shard: int =
     d["job"] = {**base["job"], "global_batch": PAIRS, "seq_len": SPEC.seq_len, "precision": "fp32"}
     d["nodes"], d["ranks_per_node"] = 1, world
     d["mesh"] = {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp}
-    d["rank_mapping"] = {**base["rank_mapping"], "ranks": []}
     d["micro_batch_size"], d["grad_accumulation_steps"] = PAIRS // (dp * gas), gas
     d["sequence_parallel"] = sp
     d["recompute"] = recompute

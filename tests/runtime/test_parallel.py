@@ -127,7 +127,6 @@ def make_plan(lay: dict) -> Plan:
     d["job"] = {**base["job"], "global_batch": GLOBAL_BATCH, "seq_len": spec.seq_len, "precision": "fp32"}
     d["nodes"], d["ranks_per_node"] = 1, world
     d["mesh"] = {"pp": 1, "dp_replicate": lay["dp_replicate"], "dp_shard": lay["dp_shard"], "cp": 1, "tp": lay["tp"]}
-    d["rank_mapping"] = {**base["rank_mapping"], "ranks": []}
     d["micro_batch_size"], d["grad_accumulation_steps"] = GLOBAL_BATCH // (dp * lay["gas"]), lay["gas"]
     d["sequence_parallel"] = lay["sp"]
     d["recompute"] = lay["recompute"]

@@ -60,7 +60,6 @@ def make_plan(spec: ModelSpec, pp: int, ranges: list[tuple[int, int]] | None = N
     d["nodes"], d["ranks_per_node"] = 1, world
     d["mesh"] = {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": 1, "tp": tp}
     d["sequence_parallel"] = sp
-    d["rank_mapping"] = {**base["rank_mapping"], "ranks": []}
     d["micro_batch_size"], d["grad_accumulation_steps"] = mbs, n_mb
     kind = kind or ("none" if dp_shard == 1 else ("fsdp" if dp_replicate == 1 else "hsdp"))
     d["sharding"] = {**base["sharding"], "kind": kind, "shard_group_size": dp_shard}
