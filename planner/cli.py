@@ -246,45 +246,17 @@ def _estimate_json(ev, i: int) -> dict:
     )
 
 
-def _default_shard_group(dp: int, per_node: int) -> int:
-    """HSDP's default shard group: the data-parallel ranks of one node (the largest divisor of
-    dp that fits in a node and leaves at least 2 replicas), else the smallest legal group."""
-    from planner.schema.specs import divisors
+def _layout_from_args(args, machine):
+    """The layout `exaplan estimate` is given (hsdp's shard group defaults to the data-parallel
+    ranks of one node; the accumulation steps follow from the global batch)."""
+    from planner.cost.layout import Layouts, default_shard_group
 
-    legal = [g for g in divisors(dp) if g >= 2 and dp // g >= 2]
-    if not legal:
-        raise PlanError(f"hsdp needs dp >= 4 to have both shards and replicas; dp is {dp}", field="dp")
-    inside = [g for g in legal if g <= per_node]
-    return max(inside) if inside else min(legal)
-
-
-def _layout_from_args(args, machine) -> "object":
-    from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Layouts
-    from planner.schema.plan import Recompute, Schedule, Sharding
-
-    kind = Sharding(args.shard)
-    dp_replicate, dp_shard = (args.dp, 1) if kind == Sharding.none else (1, args.dp)
-    if kind == Sharding.hsdp:
-        group = args.shard_group or _default_shard_group(args.dp, machine.devices_per_node // max(args.tp * args.cp, 1))
-        if args.dp % group or group < 2 or args.dp // group < 2:
-            raise PlanError(f"hsdp needs a shard group of at least 2 that divides dp ({args.dp}) into at least 2 replicas; "
-                            f"got {group}", field="shard_group")
-        dp_replicate, dp_shard = args.dp // group, group
-    elif args.shard_group is not None:
-        raise PlanError("only hsdp takes a shard group", field="shard_group")
-    if args.pp == 1:
-        if args.schedule or args.vpp != 1:
-            raise PlanError("a schedule or virtual stages need pp > 1", field="schedule")
-        schedule = None
-    else:
-        schedule = Schedule(args.schedule) if args.schedule else (Schedule.interleaved_1f1b if args.vpp > 1 else Schedule.one_f_one_b)
-    sp = args.sp if args.sp is not None else args.tp > 1
-    return Layouts(
-        pp=args.pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=args.cp, tp=args.tp, mbs=args.mbs,
-        gas=max(args.global_batch // max(args.dp * args.mbs, 1), 1) if args.global_batch else 1, vpp=args.vpp,
-        schedule=SCHEDULES.index(schedule), sharding=SHARDINGS.index(kind), recompute=RECOMPUTES.index(Recompute(args.recompute)),
-        sp=int(sp),
-    )
+    group = args.shard_group
+    if args.shard == "hsdp" and group is None:
+        group = default_shard_group(args.dp, machine.devices_per_node // max(args.tp * args.cp, 1))
+    gas = max(args.global_batch // max(args.dp * args.mbs, 1), 1) if args.global_batch else 1
+    return Layouts.one(dp=args.dp, mbs=args.mbs, gas=gas, tp=args.tp, pp=args.pp, cp=args.cp, sharding=args.shard,
+                       shard_group=group, recompute=args.recompute, schedule=args.schedule, vpp=args.vpp, sp=args.sp)
 
 
 def cmd_estimate(args) -> int:

@@ -14,7 +14,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from machine_models import load_machine
-from planner.cost.layout import RECOMPUTES, SHARDINGS, Layouts
+from planner.cost.layout import Layouts
 from planner.cost.step import evaluate
 from planner.inputs import make_job
 from planner.presets import get_model
@@ -27,8 +27,7 @@ GIB = 2.0**30
 
 def paper_layout(world: int, mbs: int) -> Layouts:
     """Data parallelism over every rank with ZeRO-1, one micro-batch per step."""
-    return Layouts(pp=1, dp_replicate=1, dp_shard=world, cp=1, tp=1, mbs=mbs, gas=1, vpp=1, schedule=0,
-                   sharding=SHARDINGS.index(SHARDINGS[1]), recompute=RECOMPUTES.index(RECOMPUTES[0]), sp=0)
+    return Layouts.one(dp=world, mbs=mbs, sharding="zero1")
 
 
 def main() -> int:

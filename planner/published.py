@@ -33,7 +33,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from planner.cost import flops
-from planner.cost.layout import RECOMPUTES, SC_1F1B, SC_INTERLEAVED, SC_NONE, SHARDINGS, Layouts
+from planner.cost.layout import Layouts
 from planner.schema.plan import Recompute, Sharding
 from planner.schema.specs import MachineModel, ModelSpec, PosInt, Precision, Spec, TrainingJob
 
@@ -140,13 +140,8 @@ class PublishedRun(Spec):
     def layouts(self) -> Layouts:
         """The run's layout as a one-row Layouts (cp = 1 in every published row)."""
         lay = self.layout
-        dp_shard = lay.shard_group if lay.sharding == Sharding.hsdp else (1 if lay.sharding == Sharding.none else lay.dp)
-        schedule = SC_NONE if lay.pp == 1 else (SC_INTERLEAVED if lay.vpp > 1 else SC_1F1B)
-        return Layouts(
-            pp=lay.pp, dp_replicate=lay.dp // dp_shard, dp_shard=dp_shard, cp=1, tp=lay.tp, mbs=lay.micro_batch,
-            gas=lay.gas, vpp=lay.vpp, schedule=schedule, sharding=SHARDINGS.index(lay.sharding),
-            recompute=RECOMPUTES.index(lay.recompute), sp=int(lay.sequence_parallel),
-        )
+        return Layouts.one(dp=lay.dp, mbs=lay.micro_batch, gas=lay.gas, tp=lay.tp, pp=lay.pp, sharding=lay.sharding,
+                           shard_group=lay.shard_group, recompute=lay.recompute, vpp=lay.vpp, sp=lay.sequence_parallel)
 
     def adapt_machine(self, machine: MachineModel) -> MachineModel:
         """The machine as this run's software used it. Two settings belong to the framework,

@@ -36,7 +36,6 @@ length 64, fp32 (the CPU's fast precision): protein-small takes about 0.5-0.8 s 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -101,22 +100,6 @@ def default_layouts(ranks: int = 2, *, global_batch: int | None = None, seq_len:
     return out
 
 
-@contextlib.contextmanager
-def _forced_bucket(mb: float | None):
-    """Make the cost model consider only this DDP bucket size (None: leave its choice)."""
-    from planner.cost import step
-
-    if mb is None:
-        yield
-        return
-    saved = step.DDP_BUCKETS_MB
-    step.DDP_BUCKETS_MB = (float(mb),)
-    try:
-        yield
-    finally:
-        step.DDP_BUCKETS_MB = saved
-
-
 def _resolve_machine(machine, ranks: int):
     from machine_models import load_machine
     from planner.schema.specs import MachineModel
@@ -131,7 +114,7 @@ def write_layout_plan(model: str, machine, ranks: int, layout: dict, path: Path)
     --nodes 1 ARGS -o PATH` would (the same functions; the machine may be a MachineModel, and
     layout["ddp_bucket_mb"] forces the DDP bucket). Returns the plan."""
     from planner import cli
-    from planner.cost.step import evaluate
+    from planner.cost.step import DDP_BUCKETS_MB, evaluate
     from planner.emit import build_plan
     from planner.inputs import load_model, make_job
     from planner.schema.plan import write_plan
@@ -150,8 +133,8 @@ def write_layout_plan(model: str, machine, ranks: int, layout: dict, path: Path)
     problems = layout_problems(spec, job, world, lay)
     if problems:
         raise PlanError(f"layout {layout['name']}: " + "; ".join(problems))
-    with _forced_bucket(layout.get("ddp_bucket_mb")):
-        ev = evaluate(spec, mach, job, lay)
+    buckets = (float(layout["ddp_bucket_mb"]),) if layout.get("ddp_bucket_mb") else DDP_BUCKETS_MB
+    ev = evaluate(spec, mach, job, lay, ddp_buckets_mb=buckets)
     command = shlex.join(["exaplan", *argv, "-o", str(path)])
     plan = build_plan(spec, mach, job, 1, lay, ev, 0, command=command)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,27 +142,17 @@ def write_layout_plan(model: str, machine, ranks: int, layout: dict, path: Path)
     return plan
 
 
-def plan_layouts(plan):
-    """The planner's Layouts (one row) of a plan."""
-    from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Layouts
-
-    m = plan.mesh
-    return Layouts(
-        pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, cp=m.cp, tp=m.tp, mbs=plan.micro_batch_size,
-        gas=plan.grad_accumulation_steps, vpp=plan.pipeline.virtual_stages,
-        schedule=SCHEDULES.index(plan.pipeline.schedule), sharding=SHARDINGS.index(plan.sharding.kind),
-        recompute=RECOMPUTES.index(plan.recompute), sp=int(plan.sequence_parallel),
-    )
-
-
 def predict(plan, machine=None) -> dict[str, float]:
     """Re-predict a plan's layout (same model, job, DDP bucket) on `machine` (default: the
     plan's own): step time, its parts and memory (GiB)."""
-    from planner.cost.step import evaluate
+    from planner.cost.layout import Layouts
+    from planner.cost.step import DDP_BUCKETS_MB, evaluate
 
     mach = machine or plan.machine
-    with _forced_bucket(plan.sharding.ddp_bucket_mb if plan.sharding.kind.value == "none" else None):
-        ev = evaluate(plan.model, mach, plan.job, plan_layouts(plan))
+    # DDP runs with the plan's bucket; the other kinds let the model choose, as the planner did.
+    ddp = plan.sharding.kind.value == "none"
+    buckets = (plan.sharding.ddp_bucket_mb,) if ddp else DDP_BUCKETS_MB
+    ev = evaluate(plan.model, mach, plan.job, Layouts.from_plan(plan), ddp_buckets_mb=buckets)
     return dict(step_time_s=float(ev.step_time_s[0]), compute_s=float(ev.compute_s[0]), dp_s=float(ev.dp_s[0]),
                 tp_s=float(ev.tp_s[0]), pp_s=float(ev.pp_s[0]), bubble_s=float(ev.bubble_s[0]),
                 optimizer_s=float(ev.optimizer_s[0]), memory_gib=float(ev.memory.total[0] / GIB))

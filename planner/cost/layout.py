@@ -10,7 +10,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from planner.schema.plan import Recompute, Schedule, Sharding
+from planner.schema.errors import PlanError
+from planner.schema.plan import Plan, Recompute, Schedule, Sharding
+from planner.schema.specs import divisors
 
 SHARDINGS = tuple(Sharding)
 RECOMPUTES = tuple(Recompute)
@@ -81,6 +83,50 @@ class Layouts:
         return {f.name: int(getattr(self, f.name)[i]) for f in fields(self)}
 
     @staticmethod
+    def one(*, dp: int, mbs: int, gas: int = 1, tp: int = 1, pp: int = 1, cp: int = 1,
+            sharding: Sharding | str = Sharding.none, shard_group: int | None = None,
+            recompute: Recompute | str = Recompute.none, schedule: Schedule | str | None = None, vpp: int = 1,
+            sp: bool | None = None) -> "Layouts":
+        """One layout from its degrees, the way a person states it: `dp` data-parallel ranks
+        split into replicas x shards by the sharding (none: all replicas; hsdp: groups of
+        `shard_group` shards; the others: all shards); with pp > 1 the schedule defaults to
+        1F1B (interleaved with vpp > 1); sequence parallelism defaults on when tp > 1.
+        Raises PlanError for a combination no plan can hold. Whether the layout suits a
+        model and world is `planner.search.space.layout_problems`."""
+        kind = Sharding(sharding)
+        if kind == Sharding.hsdp:
+            if shard_group is None or shard_group < 2 or dp % shard_group or dp // shard_group < 2:
+                raise PlanError(f"hsdp needs a shard group of at least 2 that divides dp ({dp}) into at least 2 "
+                                f"replicas; got {shard_group}", field="shard_group")
+            dp_replicate, dp_shard = dp // shard_group, shard_group
+        elif shard_group is not None:
+            raise PlanError("only hsdp takes a shard group", field="shard_group")
+        else:
+            dp_replicate, dp_shard = (dp, 1) if kind == Sharding.none else (1, dp)
+        if pp == 1:
+            if schedule is not None or vpp != 1:
+                raise PlanError("a schedule or virtual stages need pp > 1", field="schedule")
+            sched = None
+        else:
+            sched = Schedule(schedule) if schedule else (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b)
+        return Layouts(
+            pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, mbs=mbs, gas=gas, vpp=vpp,
+            schedule=SCHEDULES.index(sched), sharding=SHARDINGS.index(kind), recompute=RECOMPUTES.index(Recompute(recompute)),
+            sp=int(tp > 1 if sp is None else sp),
+        )
+
+    @staticmethod
+    def from_plan(plan: Plan) -> "Layouts":
+        """The one-row Layouts of a plan file (what the planner predicts it from)."""
+        m = plan.mesh
+        return Layouts(
+            pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, cp=m.cp, tp=m.tp, mbs=plan.micro_batch_size,
+            gas=plan.grad_accumulation_steps, vpp=plan.pipeline.virtual_stages,
+            schedule=SCHEDULES.index(plan.pipeline.schedule), sharding=SHARDINGS.index(plan.sharding.kind),
+            recompute=RECOMPUTES.index(plan.recompute), sp=int(plan.sequence_parallel),
+        )
+
+    @staticmethod
     def concat(parts: list["Layouts"]) -> "Layouts":
         return Layouts(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Layouts)})
 
@@ -121,3 +167,14 @@ class Space:
             gas=self.gas[rows], vpp=u.vpp, schedule=self.schedule[rows], sharding=m.sharding,
             recompute=u.recompute, sp=u.sp,
         )
+
+
+def default_shard_group(dp: int, ranks_per_node: int) -> int:
+    """HSDP's default shard group: the data-parallel ranks of one node (the largest divisor of
+    dp that fits in `ranks_per_node` and leaves at least 2 replicas), else the smallest legal
+    group."""
+    legal = [g for g in divisors(dp) if g >= 2 and dp // g >= 2]
+    if not legal:
+        raise PlanError(f"hsdp needs dp >= 4 to have both shards and replicas; dp is {dp}", field="dp")
+    inside = [g for g in legal if g <= ranks_per_node]
+    return max(inside) if inside else min(legal)

@@ -39,6 +39,7 @@ from planner.cost.memory import (
 from planner.cost.topology import LinkTiers, link_tiers
 from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
 
+# DDP gradient bucket sizes the planner chooses from (MB); `evaluate` can be given others.
 DDP_BUCKETS_MB = (25.0, 100.0, 400.0)
 ZERO_BUCKET_PARAMS = 40e6
 GIB = 2.0**30
@@ -208,7 +209,8 @@ class MeshCosts:
     reference: np.ndarray  # dpo: the frozen reference model's parameters (bytes per device)
 
 
-def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Layouts, tiers: LinkTiers, algos) -> MeshCosts:
+def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Layouts, tiers: LinkTiers, algos,
+               ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB) -> MeshCosts:
     s, t = m.sharding, m.tp
     P = stage_params(model, m) / t
     M_grad = P * 4.0  # gradients reduced in fp32
@@ -253,7 +255,7 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
         # DDP: bucketed allreduce of all gradients; HSDP: allreduce of the
         # shards across replicas. Once a step, under the last micro-batch's backward.
         S_total[a], S_floor[a] = [], []
-        for mb in DDP_BUCKETS_MB:
+        for mb in ddp_buckets_mb:
             bytes_ = np.where(s == SH_HSDP, M_grad / G, M_grad)
             n = np.maximum(np.ceil(bytes_ / (mb * 1e6)), 1)
             per_ddp = comm.allreduce(a, pl_grad, bytes_ / n) + copy_s * bytes_ / n
@@ -298,11 +300,11 @@ def _fix_algorithms(U: UnitCosts, M: MeshCosts, u_sp: np.ndarray, pair) -> tuple
         a, r = pair
         tp_mb = np.where(u_sp == 1, U.tp_mb[r], U.tp_mb[a])
         tp_code = np.where(u_sp == 1, r, a)
-        S = [(M.S_total[a][k], M.S_floor[a][k], np.full(len(M.optimizer_s), a)) for k in range(len(DDP_BUCKETS_MB))]
+        S = [(M.S_total[a][k], M.S_floor[a][k], np.full(len(M.optimizer_s), a)) for k in range(len(M.S_total[a]))]
         return tp_mb, tp_code, [r], S
     tp_mb, tp_code = _cheapest(U.tp_mb)
     S = []
-    for k in range(len(DDP_BUCKETS_MB)):
+    for k in range(len(next(iter(M.S_total.values())))):
         total, a_code = _cheapest({a: M.S_total[a][k] for a in M.S_total})
         floor = np.select([a_code == a for a in M.S_total], [M.S_floor[a][k] for a in M.S_total])
         S.append((total, floor, a_code))
@@ -334,14 +336,15 @@ class Scores:
     layouts_scored: int
 
 
-def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, fast: bool = True, detail: bool = True):
+def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, fast: bool = True,
+                   detail: bool = True, ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB):
     """Predict every row of a layout space (see the module docstring for `fast`). With
     detail=False only the Scores the search needs are computed (much less work per row)."""
     tiers = link_tiers(machine)
     ar_codes, rsag_codes = offered_algorithms(machine)
     units, meshes = space.units, space.meshes
     U = unit_costs(model, machine, job, units, tiers, (ar_codes, rsag_codes))
-    M = mesh_costs(model, machine, job, meshes, tiers, (ar_codes, rsag_codes))
+    M = mesh_costs(model, machine, job, meshes, tiers, (ar_codes, rsag_codes), ddp_buckets_mb)
     if not detail:
         # The search ranks in float32 (half the memory traffic per row); the finalists are
         # re-scored in float64 by `evaluate`.
@@ -414,7 +417,7 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
         space=space, step_time_s=step_time, compute_s=m * U.compute_mb[u], bubble_s=((units.pp - 1) / units.vpp)[u] * work_mb,
         optimizer_s=M.optimizer_s[mi], dp_s=best["dp"], tp_s=m * best["tp_mb"], pp_s=m * U.pp_mb[u], cp_s=m * U.cp_mb[u],
         tp_algorithm=best["tp_code"], allreduce_algorithm=best["ar_code"], rsag_algorithm=best["rs_code"],
-        ddp_bucket_mb=np.asarray(DDP_BUCKETS_MB)[best["k"]],
+        ddp_bucket_mb=np.asarray(ddp_buckets_mb, dtype=float)[best["k"]],
         memory=mem, tokens_per_s=tps, model_tflops_per_device=model_tf,
         hardware_tflops_per_device=hw_fl / step_time / world / 1e12,
         mfu=model_tf / (machine.peak_flops(job.precision) / 1e12),
@@ -423,6 +426,10 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
     )
 
 
-def evaluate(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts, fast: bool = False) -> Evaluation:
-    """Predict explicit layouts (one row each), with library-consistent algorithms by default."""
-    return evaluate_space(model, machine, job, Space.of(lay), fast=fast)
+def evaluate(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts, fast: bool = False,
+             ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB) -> Evaluation:
+    """Predict explicit layouts (one row each), with library-consistent algorithms by default.
+    `ddp_buckets_mb`: the DDP bucket sizes to choose from (one size to predict a given plan's)."""
+    if not ddp_buckets_mb or min(ddp_buckets_mb) <= 0:
+        raise ValueError(f"ddp_buckets_mb must be positive sizes, got {ddp_buckets_mb!r}")
+    return evaluate_space(model, machine, job, Space.of(lay), fast=fast, ddp_buckets_mb=tuple(map(float, ddp_buckets_mb)))
