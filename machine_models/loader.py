@@ -107,7 +107,7 @@ def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
     """
     if ranks < 1:
         raise PlanError(f"must be at least 1, got {ranks}", field="ranks")
-    cores = _cpu_cores()
+    cores = cpu_cores()
     memory_gib = _memory_gib()
     cores_per_rank = cores / ranks
     oversubscription = max(1.0, ranks / cores)  # ranks sharing a core also share its comm work
@@ -252,7 +252,7 @@ def _efficiency(eff: MatmulEfficiency, dim: float) -> float:
     return eff.peak_fraction * dim / (dim + eff.half_dim)
 
 
-def _cpu_cores() -> int:
+def cpu_cores() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):

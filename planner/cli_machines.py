@@ -26,7 +26,7 @@ def cmd_validate(args) -> int:
                 "--out", args.out, "--repeats", str(args.repeats)] + (["--json"] if args.json else []) \
             + (["--no-memory-runs"] if args.no_memory_runs else [])
         return local_main(argv)
-    from planner import validate
+    from calibration import validate_published as validate
 
     console = _console(args)
     if args.json or not (args.refit or args.loo):
@@ -45,7 +45,7 @@ def cmd_calibrate(args) -> int:
     from pathlib import Path
 
     from machine_models import PRESET_DIR, detect_local_machine, load_machine
-    from machine_models.fit_local import fit, write_calibration
+    from calibration.fit_measurements import fit, write_calibration
 
     if args.ranks <= 0:
         raise PlanError("must be a positive number of ranks", field="ranks")
@@ -54,7 +54,7 @@ def cmd_calibrate(args) -> int:
     if args.from_runs:
         return _calibrate_from_runs(args, base, out)
     else:
-        from machine_models.measure import measure
+        from calibration.measure import measure
 
         meas = measure(args.ranks, quick=args.quick, progress=not args.json)
         machine = fit(meas, base)
@@ -78,7 +78,7 @@ def _calibrate_from_runs(args, base, out) -> int:
     import yaml
     from pathlib import Path
 
-    from machine_models.fit_local import _atomic_write
+    from calibration.fit_measurements import _atomic_write
     from runtime.refit_local import holdout_report, refit_from_runs
 
     dirs = [Path(d) for d in args.from_runs]

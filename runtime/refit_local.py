@@ -12,74 +12,17 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from calibration.figures import BOUNDS, figures_of, with_figures
 from planner.schema.errors import PlanError
 from runtime.validate_local import _resolve_machine, predict
 
-# Figures `refit_from_runs` fits unless told otherwise (BOUNDS lists every one it can).
+# Figures `refit_from_runs` fits unless told otherwise (calibration/figures.py lists every one it can).
 FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "step_overhead_s", "op_overhead_us", "dtensor_op_overhead_us",
                        "optimizer_bytes_per_param", "allreduce_efficiency", "rs_ag_efficiency")
-
-
-def _get(machine, fig: str) -> float:
-    return {"peak_fraction": lambda: machine.matmul_efficiency.peak_fraction,
-            "half_dim": lambda: machine.matmul_efficiency.half_dim,
-            "overlap_dp": lambda: machine.overlap.dp,
-            "step_overhead_s": lambda: machine.step_overhead_s,
-            "op_overhead_us": lambda: machine.op_overhead_us,
-            "dtensor_op_overhead_us": lambda: machine.dtensor_op_overhead_us,
-            "optimizer_bytes_per_param": lambda: machine.optimizer_bytes_per_param or 28.0,
-            "allreduce_efficiency": lambda: machine.collective_efficiency.allreduce,
-            "dp_buffer_copies": lambda: machine.dp_buffer_copies,
-            "rs_ag_efficiency": lambda: (machine.collective_efficiency.reduce_scatter
-                                         * machine.collective_efficiency.all_gather) ** 0.5,
-            "memory_bandwidth_gbyte_s": lambda: machine.memory_bandwidth_gbyte_s,
-            "attention_efficiency_factor": lambda: machine.attention_efficiency_factor}[fig]()
-
-
-BOUNDS = {"peak_fraction": (0.02, 1.0), "half_dim": (0.0, 4096.0), "overlap_dp": (0.0, 1.0),
-          "step_overhead_s": (0.0, 2.0), "op_overhead_us": (0.0, 500.0), "dtensor_op_overhead_us": (0.0, 2000.0), "optimizer_bytes_per_param": (8.0, 400.0),
-          "allreduce_efficiency": (0.02, 1.0), "rs_ag_efficiency": (0.02, 1.0), "dp_buffer_copies": (0.0, 6.0), "memory_bandwidth_gbyte_s": (0.5, 200.0), "attention_efficiency_factor": (0.05, 1.0)}
-
-
-def with_figures(machine, figures: dict[str, float]):
-    """A copy of the machine with these figures set (names as in FIT_FIGURES_DEFAULT/BOUNDS)."""
-    m = machine.model_copy(deep=True)
-    me, ov = m.matmul_efficiency.model_copy(), m.overlap.model_copy()
-    for k, v in figures.items():
-        v = float(v)
-        if k == "peak_fraction":
-            me.peak_fraction = min(max(v, 0.0), 1.0)
-        elif k == "half_dim":
-            me.half_dim = max(v, 0.0)
-        elif k == "overlap_dp":
-            ov.dp = min(max(v, 0.0), 1.0)
-        elif k == "step_overhead_s":
-            m.step_overhead_s = max(v, 0.0)
-        elif k == "op_overhead_us":
-            m.op_overhead_us = max(v, 0.0)
-        elif k == "dtensor_op_overhead_us":
-            m.dtensor_op_overhead_us = max(v, 0.0)
-        elif k == "optimizer_bytes_per_param":
-            m.optimizer_bytes_per_param = max(v, 1.0)
-        elif k == "dp_buffer_copies":
-            m.dp_buffer_copies = max(v, 0.0)
-        elif k == "allreduce_efficiency":
-            m.collective_efficiency = m.collective_efficiency.model_copy(update={"allreduce": min(max(v, 0.01), 1.0)})
-        elif k == "rs_ag_efficiency":  # both at one figure: the runs seldom tell them apart
-            v = min(max(v, 0.01), 1.0)
-            m.collective_efficiency = m.collective_efficiency.model_copy(update={"reduce_scatter": v, "all_gather": v})
-        elif k == "memory_bandwidth_gbyte_s":
-            m.memory_bandwidth_gbyte_s = v
-        elif k == "attention_efficiency_factor":
-            m.attention_efficiency_factor = min(max(v, 0.0), 1.0)
-        else:
-            raise PlanError(f"unknown figure {k!r}; known: {', '.join(BOUNDS)}", field="figures")
-    m.matmul_efficiency, m.overlap = me, ov
-    return m
 
 
 @dataclass
@@ -163,7 +106,7 @@ def refit_from_runs(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGU
     else:
         base = _resolve_machine(machine, ranks or runs[0].plan.machine.devices_per_node)
     figures = list(figures)
-    x0 = np.array([_get(base, f) for f in figures], float)
+    x0 = np.array(list(figures_of(base, figures).values()), float)
     lo = np.array([BOUNDS[f][0] for f in figures])
     hi = np.array([BOUNDS[f][1] for f in figures])
     scale = np.maximum(hi - lo, 1e-9)
@@ -207,7 +150,7 @@ def holdout_report(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGUR
         return float(np.median(np.abs(list(d.values()))))
 
     out = dict(train=[r.name for r in train], test=[r.name for r in test],
-               figures_before={f: _get(base, f) for f in figures}, figures_after={f: _get(fitted, f) for f in figures},
+               figures_before=figures_of(base, figures), figures_after=figures_of(fitted, figures),
                train_before=errors(train, base), train_after=errors(train, fitted),
                test_before=errors(test, base), test_after=errors(test, fitted))
     for k in ("train_before", "train_after", "test_before", "test_after"):

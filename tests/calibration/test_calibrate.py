@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from machine_models import detect_local_machine, load_machine
-from machine_models.fit_local import (
+from calibration.fit_measurements import (
     KINDS,
     fit,
     fit_alpha_beta,
@@ -168,7 +168,7 @@ def test_fit_alpha_beta_rejects_bad_input():
 def test_measure_tiny_matmul_and_memory_then_fit(tmp_path):
     """measure() without collectives: seconds, and the result fits and writes."""
     pytest.importorskip("torch")
-    from machine_models.measure import measure
+    from calibration.measure import measure
 
     meas = measure(ranks=2, quick=True, progress=False, collectives=False)
     json.dumps(meas)
@@ -182,7 +182,7 @@ def test_measure_tiny_matmul_and_memory_then_fit(tmp_path):
 def test_measure_collectives_few_sizes():
     """Two gloo ranks, three sizes: the collective path end to end in a few seconds."""
     pytest.importorskip("torch")
-    from machine_models.measure import measure
+    from calibration.measure import measure
 
     meas = measure(ranks=2, quick=True, progress=False, matmul=False, memory=False, sizes=[4, 4096, 1 << 20],
                    timeout_s=120)
@@ -194,7 +194,7 @@ def test_measure_collectives_few_sizes():
 def test_measure_quick_end_to_end(tmp_path):
     """The full quick run (about 10 s here; the brief: under a minute on 2 cores)."""
     pytest.importorskip("torch")
-    from machine_models.measure import measure
+    from calibration.measure import measure
 
     meas = measure(ranks=2, quick=True, progress=False)
     assert meas["duration_s"] < 60

@@ -1,5 +1,5 @@
-"""Published runs (planner.published) against the cost model (planner.validate), and the fit
-of the machine models' figures to them (machine_models.calibration).
+"""Published runs (calibration.published) against the cost model (calibration.validate_published), and the fit
+of the machine models' figures to them (calibration.fit_published).
 
 The tolerance: after the fit, the median |error| over the published rows must stay below
 MEDIAN_ERROR_LIMIT = 5%, and the median of each framework's rows below
@@ -28,9 +28,9 @@ from rich.console import Console
 
 import machine_models.loader as loader
 from machine_models import DEVICE_KINDS_FILE, list_machines, load_machine
-from machine_models import calibration as cal
-from planner.published import FRAMEWORKS, UNITS, published_runs
-from planner.validate import (
+from calibration import fit_published as cal
+from calibration.published import FRAMEWORKS, UNITS, published_runs
+from calibration.validate_published import (
     predict,
     published_json,
     render_published,

@@ -3,7 +3,7 @@
 Each record is one published figure (/work/shared/reference/calibration-runs.md): the model,
 the machine preset, the layout the authors ran, the figure they measured and its kind, and
 how to turn the cost model's predicted step time into that figure's unit. Nothing here is
-predicted: planner.validate runs the cost model on these records.
+predicted: calibration.validate_published runs the cost model on these records.
 
 Conventions of the published figures (each record's `note` says which applies):
   - Megatron rows (sections A and B) count FLOPs with Megatron's formula for GPT models,
@@ -23,7 +23,7 @@ Each record names its training framework (`framework`): megatron for sections A 
 fsdp for C (llm-foundry) and D (fms-fsdp), both PyTorch FSDP. What a framework sets is part
 of the record (its attention kernel, Megatron's --tp-comm-overlap: adapt_machine); what it
 achieves (hidden data-parallel traffic, fixed cost per step) is fitted per framework by
-machine_models.calibration.
+calibration.fit_published.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from planner.schema.specs import MachineModel, ModelSpec, PosInt, Precision, Spe
 FigureKind = Literal["model_tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "iteration_time_s"]
 FlopConvention = Literal["megatron", "none"]
 # The training framework of a run: its figures (hidden data-parallel traffic, fixed cost per
-# step) are fitted per framework, not per run (machine_models.calibration). llm-foundry
+# step) are fitted per framework, not per run (calibration.fit_published). llm-foundry
 # (section C) and fms-fsdp (section D) both train with PyTorch FSDP.
 Framework = Literal["megatron", "fsdp"]
 FRAMEWORKS: tuple[str, ...] = ("megatron", "fsdp")
@@ -149,7 +149,7 @@ class PublishedRun(Spec):
         kernel (fused or not) and the hidden fraction of tensor-parallel traffic, 1 with
         Megatron's --tp-comm-overlap (its userbuffer overlap; fitting it instead puts it at 1
         too) and 0 otherwise. The framework's fitted figures (overlap.dp, step_overhead_s)
-        come with the machine: machine_models.calibration."""
+        come with the machine: calibration.fit_published."""
         tp_hidden = 1.0 if self.tp_comm_overlap else 0.0
         update = {}
         if machine.flash_attention != self.flash_attention:

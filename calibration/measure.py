@@ -1,7 +1,7 @@
 """Measure this machine for `exaplan calibrate`: matmul throughput, memory bandwidth, collectives.
 
     meas = measure(ranks=2, quick=True)        # raw, JSON-able measurements
-    machine = fit_local.fit(meas, base)        # machine_models/fit_local.py (numpy/scipy, no torch)
+    machine = fit_local.fit(meas, base)        # calibration/fit_measurements.py (numpy/scipy, no torch)
     fit_local.write_calibration(machine, meas, Path("machine_models/local.yaml"))
 
 What is measured, on the device this process would train on (CUDA -> nccl, Intel XPU ->
@@ -40,28 +40,24 @@ How one node and a multi-node run make a model of a whole machine:
     A calibrated file starts from the site's preset (or the detected local machine) and
     replaces only the figures measured.
 
-The collectives are in machine_models/measure_collectives.py. torch is imported there and here
+The collectives are in calibration/measure_collectives.py. torch is imported there and here
 only (and only by `exaplan calibrate`); the fit is torch-free.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 import socket
-import statistics
 import time
-from typing import Any, Callable
+from typing import Any
 
-from machine_models.measure_collectives import (  # noqa: F401 - KINDS is part of this module's API
-    KINDS,
-    _collectives_spawned,
-    _collectives_under_launcher,
-    _device_and_backend,
-    _launched,
-    _sync,
-)
+from calibration.measure_collectives import KINDS, collectives_spawned, collectives_under_launcher, launched_job
+from calibration.timing import ProgressBar, device_name, time_repeated
+from machine_models.loader import cpu_cores
+from runtime.launch import device_and_backend
+
+__all__ = ["KINDS", "MEASUREMENTS_VERSION", "default_sizes", "measure"]
 
 MEASUREMENTS_VERSION = 2  # 2: bandwidths renamed *_gbyte_s (were *_gbps)
 
@@ -109,14 +105,14 @@ def measure(
     """
     import torch
 
-    launched = _launched()
+    launched = launched_job()
     if launched is not None:
         ranks = launched["local_world_size"] or 1
     if ranks < 1:
         raise ValueError(f"ranks must be at least 1, got {ranks}")
     started = time.perf_counter()
-    device_type, backend = _device_and_backend()
-    cores = _cpu_cores()
+    device_type, backend = device_and_backend()
+    cores = cpu_cores()
     threads = max(1, cores // ranks)
     sizes = tuple(int(s) for s in (sizes if sizes is not None else default_sizes(quick)))
     meas: dict[str, Any] = {
@@ -126,7 +122,7 @@ def measure(
         "platform": platform.platform(),
         "torch": torch.__version__,
         "device_type": device_type,
-        "device_name": _device_name(device_type),
+        "device_name": device_name(device_type),
         "backend": backend,
         "ranks": ranks,  # ranks per node
         "nodes": 1,
@@ -148,7 +144,7 @@ def measure(
         )
 
     is_rank0 = launched is None or launched["rank"] == 0
-    with _Progress(progress and is_rank0) as bar:
+    with ProgressBar(progress and is_rank0) as bar:
         if matmul:
             meas["matmul"] = _measure_matmul(device_type, threads, quick, bar)
         if memory:
@@ -156,75 +152,13 @@ def measure(
             meas["optimizer"] = _measure_optimizer(device_type, threads, quick, bar)
         if collectives and (launched is not None or ranks > 1):
             if launched is not None:
-                meas["collectives"] = _collectives_under_launcher(launched, sizes, quick, bar)
+                meas["collectives"] = collectives_under_launcher(launched, sizes, quick, bar)
             else:
-                meas["collectives"] = _collectives_spawned(ranks, threads, sizes, quick, bar, timeout_s)
+                meas["collectives"] = collectives_spawned(ranks, threads, sizes, quick, bar, timeout_s)
         elif collectives:
             meas["notes"].append("one rank: no collectives measured")
     meas["duration_s"] = round(time.perf_counter() - started, 3)
     return meas
-
-
-# --------------------------------------------------------------------------------------------
-# Device, timing
-# --------------------------------------------------------------------------------------------
-
-
-def _device_name(device_type: str) -> str:
-    import torch
-
-    if device_type == "cuda":
-        return torch.cuda.get_device_name(0)
-    if device_type == "xpu":
-        return torch.xpu.get_device_name(0)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
-
-
-def _cpu_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def _time_once(fn: Callable[[], Any], device_type: str) -> float:
-    """Seconds of one call: device events on a GPU, the wall clock on a CPU."""
-    import torch
-
-    if device_type in ("cuda", "xpu"):
-        mod = torch.cuda if device_type == "cuda" else torch.xpu
-        start, end = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def _time_repeated(fn: Callable[[], Any], device_type: str, min_seconds: float, max_calls: int = 1000) -> float:
-    """Median seconds per call: one warm-up, then calls in batches until min_seconds pass."""
-    fn()
-    _sync(device_type)
-    first = _time_once(fn, device_type)
-    calls = max(1, min(max_calls, int(min_seconds / max(first, 1e-9))))
-    per_batch = max(1, calls // 5)
-    samples = [first]
-    spent = first
-    while spent < min_seconds and len(samples) < 50:
-        t = _time_once(lambda: [fn() for _ in range(per_batch)], device_type)
-        samples.append(t / per_batch)
-        spent += t
-    return statistics.median(samples)
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,7 +178,7 @@ def _matmul_plan(device_type: str, quick: bool) -> list[tuple[str, tuple[int, in
 COLD_BYTES = 64 << 20  # CPU matmul operands rotated through: more than the caches hold
 
 
-def _measure_matmul(device_type: str, threads: int, quick: bool, bar: "_Progress") -> list[dict[str, Any]]:
+def _measure_matmul(device_type: str, threads: int, quick: bool, bar: ProgressBar) -> list[dict[str, Any]]:
     import torch
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -272,7 +206,7 @@ def _measure_matmul(device_type: str, threads: int, quick: bool, bar: "_Progress
                 torch.matmul(a[i], b[i], out=c)
 
             min_s = MATMUL_MIN_SECONDS[quick] if not (device_type == "cpu" and precision != "fp32") else 0.0
-            seconds = _time_repeated(gemm, device_type, min_s)
+            seconds = time_repeated(gemm, device_type, min_s)
             flops = 2.0 * m * n * k
             out.append({"precision": precision, "m": m, "n": n, "k": k, "d": round((m * n * k) ** (1 / 3), 3),
                         "seconds": seconds, "tflops": flops / seconds / 1e12})
@@ -282,7 +216,7 @@ def _measure_matmul(device_type: str, threads: int, quick: bool, bar: "_Progress
     return out
 
 
-def _measure_memory(device_type: str, ranks: int, quick: bool, bar: "_Progress") -> dict[str, Any]:
+def _measure_memory(device_type: str, ranks: int, quick: bool, bar: ProgressBar) -> dict[str, Any]:
     """Copy bandwidth: bytes read plus bytes written per second."""
     import torch
 
@@ -290,7 +224,7 @@ def _measure_memory(device_type: str, ranks: int, quick: bool, bar: "_Progress")
     nbytes = (256 << 20) if (quick or device_type == "cpu") else (1 << 30)
     src = torch.ones(nbytes // 4, device=device_type, dtype=torch.float32)
     dst = torch.empty_like(src)
-    seconds = _time_repeated(lambda: dst.copy_(src), device_type, 0.3 if quick else 1.0, max_calls=50)
+    seconds = time_repeated(lambda: dst.copy_(src), device_type, 0.3 if quick else 1.0, max_calls=50)
     gbyte_s = 2 * nbytes / seconds / 1e9
     shared = device_type == "cpu"
     bar.advance(task)
@@ -304,7 +238,7 @@ def _measure_memory(device_type: str, ranks: int, quick: bool, bar: "_Progress")
     }
 
 
-def _measure_optimizer(device_type: str, threads: int, quick: bool, bar: "_Progress") -> dict[str, Any]:
+def _measure_optimizer(device_type: str, threads: int, quick: bool, bar: ProgressBar) -> dict[str, Any]:
     """One AdamW step as the runtime runs it (torch.optim.AdamW, single-tensor path) over
     tensors shaped like a transformer's (weight matrices and norm vectors), on a CPU with
     one rank's share of the cores."""
@@ -319,7 +253,7 @@ def _measure_optimizer(device_type: str, threads: int, quick: bool, bar: "_Progr
         torch.set_num_threads(before)
 
 
-def _time_adamw(device_type: str, quick: bool, bar: "_Progress") -> dict[str, Any]:
+def _time_adamw(device_type: str, quick: bool, bar: ProgressBar) -> dict[str, Any]:
     import torch
 
     task = bar.add("optimizer", 1)
@@ -330,41 +264,9 @@ def _time_adamw(device_type: str, quick: bool, bar: "_Progress") -> dict[str, An
     for q in params:
         q.grad = torch.randn_like(q)
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, foreach=False)
-    seconds = _time_repeated(opt.step, device_type, 0.5 if quick else 2.0, max_calls=50)
+    seconds = time_repeated(opt.step, device_type, 0.5 if quick else 2.0, max_calls=50)
     bar.advance(task)
     return {"kind": "AdamW foreach=False", "params": int(sum(q.numel() for q in params)), "tensors": len(params),
             "seconds": seconds, "threads": torch.get_num_threads() if device_type == "cpu" else None}
-
-
-class _Progress:
-    """A rich progress bar (or nothing when disabled), one task per part."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self._p = None
-
-    def __enter__(self) -> "_Progress":
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
-                               TimeElapsedColumn(), transient=False)
-            self._p.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._p is not None:
-            self._p.__exit__(*exc)
-
-    def add(self, name: str, total: int):
-        return self._p.add_task(name, total=total) if self._p is not None else None
-
-    def describe(self, task, text: str) -> None:
-        if self._p is not None:
-            self._p.update(task, description=text)
-
-    def advance(self, task) -> None:
-        if self._p is not None:
-            self._p.advance(task)
 
 

@@ -1,7 +1,7 @@
-"""Collective measurements for `exaplan calibrate` (machine_models/measure.py): allreduce,
+"""Collective measurements for `exaplan calibrate` (calibration/measure.py): allreduce,
 reduce_scatter, all_gather and point-to-point over a range of message sizes, on `ranks` spawned
-processes or as one rank of a launched job (torchrun, srun, mpiexec). Also the device/backend
-choice and the device sync that measure.py shares. torch is imported inside the functions only.
+processes or as one rank of a launched job (torchrun, srun, mpiexec). torch is imported inside the
+functions only.
 """
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from calibration.timing import sync_device
+from runtime.launch import device_and_backend
+
 if TYPE_CHECKING:
-    from machine_models.measure import _Progress
+    from calibration.timing import ProgressBar
 
 KINDS = ("allreduce", "reduce_scatter", "all_gather", "p2p")
 
@@ -24,34 +27,12 @@ def _repeats(nbytes: int, quick: bool) -> int:
     return 20 if nbytes <= 1 << 20 else (10 if nbytes <= 16 << 20 else 5)
 
 
-# Device helpers, shared with measure.py (spawned ranks need them from an importable module).
-
-
-def _device_and_backend() -> tuple[str, str]:
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda", "nccl"  # also AMD GPUs (ROCm builds: RCCL behind the nccl name)
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu", "xccl"
-    return "cpu", "gloo"
-
-
-def _sync(device_type: str) -> None:
-    import torch
-
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-    elif device_type == "xpu":
-        torch.xpu.synchronize()
-
-
 # --------------------------------------------------------------------------------------------
 # Collectives
 # --------------------------------------------------------------------------------------------
 
 
-def _launched() -> dict[str, Any] | None:
+def launched_job() -> dict[str, Any] | None:
     """This process's place in a multi-process launcher's job (torchrun, srun, mpiexec, ...),
     read by the runtime's own launcher detection; None when not launched or alone."""
     from runtime.launch import detect
@@ -115,10 +96,10 @@ def _run_collectives(rank: int, world: int, device, device_type: str, sizes, qui
             times = []
             for i in range(_repeats(nbytes, quick) + 1):  # the first is a warm-up
                 barrier()
-                _sync(device_type)
+                sync_device(device_type)
                 t0 = time.perf_counter()
                 op()
-                _sync(device_type)
+                sync_device(device_type)
                 t = time.perf_counter() - t0
                 if i:
                     times.append(t / 2 if kind == "p2p" else t)
@@ -154,7 +135,7 @@ def _spawned_rank(rank: int, world: int, port: int, threads: int, sizes, quick: 
     import torch.distributed as dist
 
     try:
-        device_type, backend = _device_and_backend()
+        device_type, backend = device_and_backend()
         if device_type == "cpu":
             torch.set_num_threads(threads)
         device = _rank_device(device_type, rank)
@@ -172,7 +153,7 @@ def _spawned_rank(rank: int, world: int, port: int, threads: int, sizes, quick: 
         messages.put(("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-def _collectives_spawned(ranks: int, threads: int, sizes, quick: bool, bar: "_Progress", timeout_s: float) -> dict:
+def collectives_spawned(ranks: int, threads: int, sizes, quick: bool, bar: "ProgressBar", timeout_s: float) -> dict:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -215,11 +196,11 @@ def _collectives_spawned(ranks: int, threads: int, sizes, quick: bool, bar: "_Pr
     return result
 
 
-def _collectives_under_launcher(launched: dict, sizes, quick: bool, bar: "_Progress") -> dict:
+def collectives_under_launcher(launched: dict, sizes, quick: bool, bar: "ProgressBar") -> dict:
     """One rank of a launched job (torchrun, srun, mpiexec): the job's own process group."""
     import torch.distributed as dist
 
-    device_type, backend = _device_and_backend()
+    device_type, backend = device_and_backend()
     device = _rank_device(device_type, launched["local_rank"])
     os.environ.setdefault("MASTER_ADDR", "localhost")
     os.environ.setdefault("MASTER_PORT", "29500")

@@ -1,6 +1,6 @@
 """Calibration of the machine models: fit their efficiency figures to published training runs.
 
-    fit = fit_published()                      # every published run (planner.published)
+    fit = fit_published()                      # every published run (calibration.published)
     fit.device["NVIDIA H100 SXM5"]             # {peak_fraction, half_dim, attention_efficiency_factor}
     fit.framework["fsdp"]                      # {overlap_dp, step_overhead_s}
     write_fit(fit, notes)                      # into device_kinds.yaml, keeping its comments
@@ -47,9 +47,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from calibration.figures import figures_of, narrowed, with_figures
+from calibration.published import FRAMEWORKS, PublishedRun, published_runs
 from machine_models.loader import DEVICE_KINDS_FILE, load_machine
 from planner.cost.step import evaluate
-from planner.published import FRAMEWORKS, PublishedRun, published_runs
 from planner.schema.specs import MachineModel
 
 # --- The figures, their bounds and first guesses ----------------------------------------------
@@ -57,7 +58,9 @@ from planner.schema.specs import MachineModel
 DEVICE_FIGURES = ("peak_fraction", "half_dim", "attention_efficiency_factor")
 FRAMEWORK_FIGURES = ("overlap_dp", "step_overhead_s")
 FIGURES = DEVICE_FIGURES + FRAMEWORK_FIGURES
-BOUNDS = {
+# This fit's bounds: the physical ones (calibration/figures.py) narrowed to what a GPU
+# framework's published run can mean.
+BOUNDS = narrowed({
     "peak_fraction": (0.3, 0.95),
     "half_dim": (16.0, 4096.0),
     "attention_efficiency_factor": (0.2, 1.0),
@@ -66,7 +69,7 @@ BOUNDS = {
     "overlap_dp": (0.1, 1.0),
     # Seconds per optimizer step; above a second it would no longer be a fixed overhead.
     "step_overhead_s": (0.0, 1.0),
-}
+})
 # First guesses: device_kinds.yaml before any fit (validate_published(fitted=False) predicts
 # with them, and the weak prior pulls towards them).
 FIRST_GUESSES = {
@@ -116,36 +119,6 @@ class Fit:
     def figures(self, device: str, framework: str) -> dict[str, float]:
         """All FIGURES for a run on `device` under `framework`."""
         return {**self.device[device], **self.framework[framework]}
-
-
-# --------------------------------------------------------------------------------------------
-# Figures <-> machines
-# --------------------------------------------------------------------------------------------
-
-
-def figures_of(machine: MachineModel) -> dict[str, float]:
-    """The fitted figures a machine carries."""
-    return {
-        "peak_fraction": machine.matmul_efficiency.peak_fraction,
-        "half_dim": machine.matmul_efficiency.half_dim,
-        "attention_efficiency_factor": machine.attention_efficiency_factor,
-        "overlap_dp": machine.overlap.dp,
-        "step_overhead_s": machine.step_overhead_s,
-    }
-
-
-def with_figures(machine: MachineModel, figures: dict[str, float]) -> MachineModel:
-    """A copy of `machine` carrying `figures` (any subset of FIGURES)."""
-    unknown = set(figures) - set(FIGURES)
-    if unknown:
-        raise KeyError(f"not a fitted figure: {', '.join(sorted(unknown))}")
-    f = {**figures_of(machine), **figures}
-    return machine.model_copy(update={
-        "matmul_efficiency": machine.matmul_efficiency.model_copy(update={"peak_fraction": f["peak_fraction"], "half_dim": f["half_dim"]}),
-        "attention_efficiency_factor": f["attention_efficiency_factor"],
-        "overlap": machine.overlap.model_copy(update={"dp": f["overlap_dp"]}),
-        "step_overhead_s": f["step_overhead_s"],
-    })
 
 
 def machines_of(runs: list[PublishedRun]) -> dict[str, MachineModel]:

@@ -1,4 +1,4 @@
-"""Predict the published runs (planner.published) and compare with what their authors measured.
+"""Predict the published runs (calibration.published) and compare with what their authors measured.
 
     rows = validate_published()                           # shipped machine models
     rows = validate_published(leave_one_out_errors=True)  # and the leave-one-out error (~2 CPU-minutes)
@@ -8,12 +8,12 @@
 
 Prediction runs the cost model (planner.cost.step.evaluate) on each run's model, machine and
 layout, with the machine as the run's framework used it. The figures fitted to these runs
-are machine_models.calibration's: per device kind (matmul curve, attention efficiency),
+are calibration.fit_published's: per device kind (matmul curve, attention efficiency),
 shipped in machine_models/device_kinds.yaml, and per framework (hidden data-parallel traffic,
 fixed cost per step). The shipped machine models carry the FSDP framework's figures (the
 framework of exaplan's runtime); Megatron rows are predicted with Megatron's fitted figures,
 which the refit records in the header of device_kinds.yaml. Refitting and leave-one-out call
-machine_models.calibration (which uses scipy); plain validation needs only numpy.
+calibration.fit_published (which uses scipy); plain validation needs only numpy.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from machine_models import DEVICE_KINDS_FILE
-from machine_models import calibration as cal
+from calibration import fit_published as cal
 from planner.cost.step import evaluate
-from planner.published import PublishedRun, published_runs
+from calibration.published import PublishedRun, published_runs
 from planner.schema.specs import MachineModel
 
 
@@ -102,7 +102,7 @@ def validate_published(fitted: bool = True, *, refit: bool = False, leave_one_ou
 
     fitted=True: with the machine models as shipped (device_kinds.yaml) and each run's
     framework figures (shipped_machine). fitted=False: with the first guesses of
-    machine_models.calibration, to show what the fit changed. refit=True: fit again, write
+    calibration.fit_published, to show what the fit changed. refit=True: fit again, write
     the figures into device_kinds.yaml and predict with them (`exaplan validate --published
     --refit`; a few seconds). leave_one_out_errors: also fit without each row and predict it
     (one whole fit per row: about two minutes on one core, divided among the CPUs; off by
@@ -179,7 +179,7 @@ def render_published(rows: list[ValidationRow], console) -> None:
     if all(r.loo_error is None for r in rows):
         console.print("leave-one-out (fit without each row, then predict it): `--loo`")
     if any(r.assumed for r in rows):
-        console.print("* a field of this row is not published; planner/published.py documents the choice made")
+        console.print("* a field of this row is not published; calibration/published.py documents the choice made")
 
 
 def _summary_line(name: str, rows: list[ValidationRow]) -> str:
@@ -223,14 +223,14 @@ def _groups(rows: list[ValidationRow], attr: str) -> dict[str, list[ValidationRo
 
 
 # --------------------------------------------------------------------------------------------
-# Refit: machine_models.calibration, then the notes it writes into device_kinds.yaml
+# Refit: calibration.fit_published, then the notes it writes into device_kinds.yaml
 # --------------------------------------------------------------------------------------------
 
 
 def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True,
                        leave_one_out_errors: bool = False) -> tuple[cal.Fit, list[ValidationRow]]:
     """Fit the device-kind and framework figures to the published runs
-    (machine_models.calibration.fit_published) and predict the runs with them (and
+    (calibration.fit_published.fit_published) and predict the runs with them (and
     leave-one-out); with write=True, write the fit into `path`, keeping its comments.
     Returns (the fit, rows)."""
     runs = published_runs()

@@ -1,4 +1,4 @@
-"""Fit a machine model to the raw measurements of `exaplan calibrate` (machine_models/measure.py).
+"""Fit a machine model to the raw measurements of `exaplan calibrate` (calibration/measure.py).
 
     machine = fit(meas, base)                      # a calibrated copy of base; meas["fit"] = the fits
     write_calibration(machine, meas, path)         # path (YAML) + <stem>.measurements.json

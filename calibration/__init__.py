@@ -1,0 +1,13 @@
+"""The closed loop: measure a machine, fit the cost model's figures, check predictions, refit.
+
+- `measure`, `measure_collectives`, `timing`: microbenchmarks of this machine (`exaplan calibrate`);
+- `fit_measurements`: microbenchmarks -> a machine model's figures;
+- `published`, `fit_published`, `validate_published`: the published training runs, the fit of
+  the per-device-kind and per-framework figures to them, and `exaplan validate --published`;
+- `validate_local`, `validate_local_report`, `fit_runs`: layouts run on this machine through
+  `exaplan run` against their predictions (`exaplan validate --local`), and the refit of the
+  local figures from such runs (`exaplan calibrate --from-runs`);
+- `figures`: the one codec between a machine model and the figures the fits change.
+
+May import planner/, runtime/ and machine_models/; only the command line imports it.
+"""
