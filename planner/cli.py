@@ -398,7 +398,8 @@ def check_run_inputs(targs, plan=None) -> None:
     pretraining sequences; a dpo plan trains on --pairs, which the trainer checks)."""
     from pathlib import Path
 
-    from runtime import checkpoint, data
+    from runtime import checkpoint
+    from runtime.dataprep.cache import ensure_prepared
 
     if targs.steps <= 0:
         raise PlanError("must be a positive number of steps", field="steps")
@@ -409,11 +410,11 @@ def check_run_inputs(targs, plan=None) -> None:
         raise PlanError(f"{ckpts} already holds checkpoints: pass --resume to continue, or choose another --out", field="--out")
     # Prepare (or check) the data here, once, so that bad input fails before the ranks start.
     if plan is None or plan.job.workload.value != "dpo":
-        data.ensure_prepared(targs.data, Path(targs.out) / "data", rank=0)
+        ensure_prepared(targs.data, Path(targs.out) / "data", rank=0)
 
 
 def cmd_data(args) -> int:
-    from runtime.data import main as data_main
+    from runtime.dataprep.cli import main as data_main
 
     return data_main(args.rest)
 

@@ -57,8 +57,8 @@ from torch.distributed.fsdp import FSDPModule
 
 from planner.schema.errors import PlanError
 from planner.schema.vocab import PAD_ID
-from runtime.data import _StepCounter
-from runtime.fasta import encode
+from runtime.dataprep.fasta import encode
+from runtime.loader import StepCounter
 from runtime.parallel.context import shard_sequence
 
 DEFAULT_BETA = 0.1
@@ -137,7 +137,7 @@ def _decode(target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def read_pairs(dir: str | os.PathLike, split: str) -> list[tuple[str, str]]:
     """(chosen, rejected) residue strings of one split of an `exaplan data pairs` directory."""
-    from runtime.pairs import read_pairs as read_split
+    from runtime.dataprep.pairs import read_pairs as read_split
 
     return [(p.chosen, p.rejected) for p in read_split(dir, split)]
 
@@ -186,8 +186,8 @@ def load_pair_sets(dir: str | os.PathLike, seq_len: int) -> tuple[PairSet, PairS
     return train, encode_pairs(read_pairs(dir, "validation"), seq_len, f"{dir}/validation")
 
 
-class PairLoader(_StepCounter):
-    """This data-parallel rank's micro-batches of pairs, resumable like runtime.data.Loader
+class PairLoader(StepCounter):
+    """This data-parallel rank's micro-batches of pairs, resumable like runtime.loader.Loader
     (the same global-sample bookkeeping: one global stream of pairs, each epoch its own
     deterministic shuffle, rank r takes the r-th slice of every global batch).
 

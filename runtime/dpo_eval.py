@@ -27,7 +27,7 @@ import torch
 
 from planner.schema.errors import PlanError
 from planner.schema.vocab import PAD_ID
-from runtime.fasta import encode
+from runtime.dataprep.fasta import encode
 
 
 def load_model(run: str | Path, plan_path: str | Path | None = None):
@@ -86,7 +86,7 @@ def fitness_spearman(model, table: str | Path | None = None, split: str = "valid
     """(Spearman rho of log-likelihood against the measured score, number of sequences)."""
     from scipy.stats import spearmanr
 
-    from runtime.pairs import read_scored_sequences
+    from runtime.dataprep.pairs_table import read_scored_sequences
 
     scored = read_scored_sequences(table, split=split)
     if len(scored.sequences) < 3:

@@ -145,9 +145,9 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
             shutil.copyfile(args.plan, out / "plan.yaml")
     writer = metrics.MetricsWriter(out, plan, enabled=rank == 0, device=device)
     if args.io_mode == "io-only":
-        from runtime import data
+        from runtime.loader import measure_io
 
-        result = data.measure_io(task.loader, args.steps * plan.grad_accumulation_steps)
+        result = measure_io(task.loader, args.steps * plan.grad_accumulation_steps)
         if rank == 0:
             print(f"io-only: {result}")
         if owns_group:
@@ -221,18 +221,19 @@ class _Pretrain:
     backward of a step (through the pipeline schedule when pp > 1), the validation loss."""
 
     def __init__(self, args, plan, mesh, device, parts, handles, out: Path, rank: int):
-        from runtime import data
+        from runtime.dataprep.cache import ensure_prepared
+        from runtime.loader import Loader, TokenDataset
         from runtime.model import loss_fn
 
         self.args, self.plan, self.mesh, self.device, self.parts, self.handles = args, plan, mesh, device, parts, handles
         # All cp ranks of a replica load the same micro-batches; shard_sequence takes this cp rank's tokens.
         self.cp_rank, self.cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
-        prepared = data.ensure_prepared(args.data, out / "data", rank=rank)
-        self.val_set = data.TokenDataset(prepared, "validation")
+        prepared = ensure_prepared(args.data, out / "data", rank=rank)
+        self.val_set = TokenDataset(prepared, "validation")
         mbs, self.gas, seq = plan.micro_batch_size, plan.grad_accumulation_steps, plan.job.seq_len
-        self.loader = data.Loader(data.TokenDataset(prepared, "train"), seq_len=seq, micro_batch=mbs,
-                                  dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=args.seed,
-                                  grad_accumulation=self.gas)
+        self.loader = Loader(TokenDataset(prepared, "train"), seq_len=seq, micro_batch=mbs,
+                             dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=args.seed,
+                             grad_accumulation=self.gas)
         self.tokens_per_step = plan.job.global_batch * seq
         self.runner = None
         if plan.mesh.pp > 1:
@@ -288,14 +289,14 @@ class _Pretrain:
         same samples whatever the layout, split over the data-parallel ranks as in training."""
         import torch
 
-        from runtime import data
+        from runtime.loader import Loader
         from runtime.model import loss_fn
         from runtime.parallel.context import shard_sequence
 
         plan, mesh = self.plan, self.mesh
-        loader = data.Loader(self.val_set, seq_len=plan.job.seq_len, micro_batch=plan.micro_batch_size,
-                             dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=1234,
-                             grad_accumulation=self.gas)
+        loader = Loader(self.val_set, seq_len=plan.job.seq_len, micro_batch=plan.micro_batch_size,
+                        dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=1234,
+                        grad_accumulation=self.gas)
         losses = []
         with torch.no_grad():
             for _ in range(self.args.val_batches * self.gas):

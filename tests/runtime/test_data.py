@@ -1,4 +1,5 @@
-"""runtime.data: FASTA preparation, the shipped sample, and the data-parallel loader."""
+"""runtime/dataprep (FASTA preparation, the shipped sample, ensure_prepared, `exaplan data`) and
+runtime/loader.py (the data-parallel loader)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ import torch.nn.functional as F
 
 from planner.schema.errors import PlanError
 from planner.schema.vocab import BOS_ID, EOS_ID, PAD_ID, TOKEN_TO_ID
-from runtime.data import (INDEX_DTYPE, Loader, SyntheticLoader, TokenDataset, build_loader, decode, encode,
-                          measure_io, prepare, sample_fasta_path, split_batch, split_of)
+from runtime.dataprep.fasta import decode, encode
+from runtime.dataprep.prepare import prepare, sample_fasta_path, split_of
+from runtime.dataprep.shards import INDEX_DTYPE
+from runtime.loader import Loader, SyntheticLoader, TokenDataset, build_loader, measure_io, split_batch
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 
@@ -422,7 +425,7 @@ def test_io_modes_and_measure_io(sample_dir):
 
 
 def test_ensure_prepared(tmp_path, monkeypatch):
-    import runtime.data as data
+    import runtime.dataprep.cache as data
 
     sample = data.ensure_prepared(None, tmp_path / "cache_sample")
     assert TokenDataset(sample, "validation").split == "val" and len(TokenDataset(sample)) + len(
@@ -460,7 +463,7 @@ def test_ensure_prepared(tmp_path, monkeypatch):
 
 
 def test_cli(tmp_path, capsys):
-    from runtime.data import main
+    from runtime.dataprep.cli import main
 
     out = tmp_path / "p"
     assert main(["prepare", "--no-progress", "-o", str(out), "--val-fraction", "0.1"]) == 0

@@ -356,7 +356,7 @@ def _check_dpo_eval(run: Path, pairs: Path, val: dict, tmp: Path) -> None:
     """runtime.dpo_eval on the run's last checkpoint, in one process: its pair accuracy is the
     trainer's final validation log-prob accuracy; the Spearman correlation is computed."""
     from runtime import dpo_eval
-    from runtime.pairs import read_pairs
+    from runtime.dataprep.pairs import read_pairs
 
     table = tmp / "scored.csv"
     rows = [f"{p.chosen},{i % 5 - 2.0},validation" for i, p in enumerate(read_pairs(pairs, "validation"))]

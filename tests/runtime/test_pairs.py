@@ -1,4 +1,4 @@
-"""runtime.pairs: DPO preference pairs from the shipped GB1 sample, explicit pair files, CSV/TSV/
+"""runtime.dataprep.pairs: DPO preference pairs from the shipped GB1 sample, explicit pair files, CSV/TSV/
 gzip input, and bad input through the real CLI (exit 2, a message naming the field, nothing
 written)."""
 
@@ -16,9 +16,9 @@ import pytest
 
 from planner.cli import main
 from planner.schema.errors import PlanError
-from runtime.pairs import (FORMAT, HEADER, SPLITS, Pair, build_pairs, gb1_sample_path, load_manifest, read_pairs,
-                           read_scored_sequences)
-from runtime.pairs_cli import describe
+from runtime.dataprep.cli import describe_pairs
+from runtime.dataprep.pairs import FORMAT, HEADER, SPLITS, Pair, build_pairs, load_manifest, read_pairs
+from runtime.dataprep.pairs_table import gb1_sample_path, read_scored_sequences
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("manifest.json", "train.tsv", "validation.tsv", "test.tsv")
@@ -62,7 +62,7 @@ def test_shipped_gb1_sample():
     assert sets == {"training", "validation", "test"}
     assert len(rows) - 1 == 6000
     assert all(len(r[5]) == 55 for r in rows[1:])
-    attribution = (ROOT / "runtime" / "data" / "ATTRIBUTION.md").read_text()
+    attribution = (ROOT / "runtime" / "dataprep" / "samples" / "ATTRIBUTION.md").read_text()
     assert "gb1_sample.csv.gz" in attribution and "Olson" in attribution and "MIT" in attribution
 
 
@@ -94,7 +94,7 @@ def test_gb1_pairs(gb1):
         assert held_out and not held_out & train_split and not held_out & train_pairs
     # aliases and the describe text
     assert read_pairs(out, "val") == pairs["validation"]
-    assert "validation" in describe(out) and "margin 0.5" in describe(out)
+    assert "validation" in describe_pairs(out) and "margin 0.5" in describe_pairs(out)
 
 
 def test_deterministic_and_seeded(gb1, tmp_path):

@@ -1,5 +1,7 @@
-"""Reading the input tables of `exaplan data pairs` (runtime/pairs.py): CSV/TSV (plain or gzip)
-with a header line, the split rule, score and sequence parsing, and dropped-row counting."""
+"""Reading the input tables of `exaplan data pairs` (runtime/dataprep/pairs.py): CSV/TSV (plain or gzip)
+with a header line, the split rule, score and sequence parsing, and dropped-row counting; the
+shipped GB1 table (`gb1_sample_path`) and `read_scored_sequences`, the rows of one split as
+`build_pairs` sees them (for correlating a model's likelihood with the measured score)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ import math
 import os
 import zlib
 from collections import Counter
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple
+
+import numpy as np
 
 from planner.schema.errors import PlanError
-from runtime.fasta import _HashingRaw, is_gzip
-from runtime.prepare import split_of
+from runtime.dataprep.fasta import HashingRaw, is_gzip
+from runtime.dataprep.prepare import split_of
 
 SPLITS = ("train", "validation", "test")
 SPLIT_VALUES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
@@ -27,7 +32,22 @@ DROP_REASONS = ("invalid_character", "empty_sequence", "too_long", "missing_scor
 _MAX_EXAMPLES = 5       # dropped rows listed per reason
 
 
-class _Table:
+class ScoredSequences(NamedTuple):
+    sequences: list[str]
+    scores: np.ndarray      # float64, same order
+
+
+def gb1_sample_path() -> Path:
+    """The shipped GB1 sample: 6,000 rows of the Olson et al. 2014 double-mutant scan (from the
+    mavenn 1.1.4 wheel, MIT; see runtime/dataprep/samples/ATTRIBUTION.md). Columns set,dist,
+    input_ct,selected_ct,y,x: x the 55-residue sequence, y the measured fitness (log enrichment)."""
+    path = Path(__file__).resolve().parent / "samples" / "gb1_sample.csv.gz"
+    if not path.is_file():
+        raise PlanError(f"shipped sample missing: {path} (package data not installed?)")
+    return path
+
+
+class Table:
     """One delimited file: `header`, `rows()` -> (line number, fields); afterwards `sha256`."""
 
     def __init__(self, path: str | os.PathLike):
@@ -95,7 +115,7 @@ class _Table:
         return next((folded[n] for n in names if n in folded), None)
 
     def rows(self) -> Iterator[tuple[int, list[str]]]:
-        raw = _HashingRaw(self.path)
+        raw = HashingRaw(self.path)
         lineno = 1
         try:
             buffered = io.BufferedReader(raw, 1 << 18)
@@ -121,14 +141,14 @@ class _Table:
             raw.close()
 
 
-def _field(row: list[str], i: int, lineno: int, table: _Table) -> str:
+def cell(row: list[str], i: int, lineno: int, table: Table) -> str:
     if i >= len(row):
         raise PlanError(f"{table.path} line {lineno}: {len(row)} field(s), the header has {len(table.header)} "
                         f"(delimiter {table.delimiter!r})", field="input")
     return row[i]
 
 
-def _sequence(value: str) -> tuple[str, str | None, str]:
+def parse_sequence(value: str) -> tuple[str, str | None, str]:
     """(normalised sequence, drop reason or None, detail). Upper-cased; one terminal '*' dropped."""
     seq = value.strip().upper()
     if seq.endswith("*"):
@@ -141,7 +161,7 @@ def _sequence(value: str) -> tuple[str, str | None, str]:
     return seq, None, ""
 
 
-def _score(value: str, lineno: int, column: str, option: str, table: _Table) -> float | None:
+def parse_score(value: str, lineno: int, column: str, option: str, table: Table) -> float | None:
     text = value.strip()
     if text.lower() in MISSING_SCORES:
         return None
@@ -155,10 +175,10 @@ def _score(value: str, lineno: int, column: str, option: str, table: _Table) -> 
     return score
 
 
-class _Splitter:
+class Splitter:
     """Split of a row: the split column's value, else the hash rule."""
 
-    def __init__(self, table: _Table, split_col: str | None, val_fraction: float, seed: int):
+    def __init__(self, table: Table, split_col: str | None, val_fraction: float, seed: int):
         if split_col is None:
             split_col = table.find((DEFAULT_SPLIT_COL,))
         elif split_col.lower() == "none":
@@ -179,7 +199,7 @@ class _Splitter:
     def __call__(self, row: list[str], lineno: int, sequence: str) -> str:
         if self.index is None:
             return "validation" if split_of(sequence, self.seed, self.val_fraction) == "val" else "train"
-        value = _field(row, self.index, lineno, self.table)
+        value = cell(row, self.index, lineno, self.table)
         split = self._cache.get(value)
         if split is None:
             split = SPLIT_VALUES.get(value.strip().lower())
@@ -191,7 +211,7 @@ class _Splitter:
         return split
 
 
-def _check_number(name: str, value, lo: float, *, integer: bool, hi: float | None = None,
+def check_number(name: str, value, lo: float, *, integer: bool, hi: float | None = None,
                   hi_open: bool = False) -> Any:
     ok = isinstance(value, int) and not isinstance(value, bool) if integer else (
         isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
@@ -203,7 +223,7 @@ def _check_number(name: str, value, lo: float, *, integer: bool, hi: float | Non
     return value
 
 
-class _Drops:
+class Drops:
     def __init__(self):
         self.counts: Counter[str] = Counter({r: 0 for r in DROP_REASONS})
         self.per_split: dict[str, Counter[str]] = {s: Counter() for s in SPLITS}
@@ -216,18 +236,18 @@ class _Drops:
             self.examples.append({"line": lineno, "reason": reason, "detail": detail})
 
 
-def _read_scored(table: _Table, sequence_col: str, score_col: str, splitter: _Splitter,
-                 max_len: int | None) -> tuple[dict[str, tuple[list[str], list[float]]], Counter, _Drops]:
+def read_scored(table: Table, sequence_col: str, score_col: str, splitter: Splitter,
+                 max_len: int | None) -> tuple[dict[str, tuple[list[str], list[float]]], Counter, Drops]:
     si, vi = table.column(sequence_col, "--sequence-col"), table.column(score_col, "--score-col")
     score_name = table.header[vi]
     kept: dict[str, tuple[list[str], list[float]]] = {s: ([], []) for s in SPLITS}
     rows: Counter[str] = Counter({s: 0 for s in SPLITS})
-    drops = _Drops()
+    drops = Drops()
     seen: set[str] = set()
     need = max(si, vi, splitter.index or 0)
     for lineno, row in table.rows():
         if len(row) <= need:
-            _field(row, need, lineno, table)        # raises
+            cell(row, need, lineno, table)        # raises
         raw_score = row[vi]
         try:
             score = float(raw_score)
@@ -236,18 +256,18 @@ def _read_scored(table: _Table, sequence_col: str, score_col: str, splitter: _Sp
             elif score in (math.inf, -math.inf):
                 raise ValueError
         except ValueError:
-            score = _score(raw_score, lineno, score_name, "--score-col", table)
+            score = parse_score(raw_score, lineno, score_name, "--score-col", table)
         seq = row[si].strip().upper()
         if seq.isalpha() and seq.isascii():     # the usual case, checked fast
             reason = None
         else:
-            seq, reason, detail = _sequence(seq)
+            seq, reason, detail = parse_sequence(seq)
         split = splitter(row, lineno, seq)
         rows[split] += 1
         if reason is None and max_len is not None and len(seq) > max_len:
             reason, detail = "too_long", f"{len(seq)} residues > max_len {max_len}"
         if reason is None and score is None:
-            reason, detail = "missing_score", f"score {_field(row, vi, lineno, table)!r}"
+            reason, detail = "missing_score", f"score {cell(row, vi, lineno, table)!r}"
         if reason is None and seq in seen:
             reason, detail = "duplicate", "sequence already seen earlier in the file"
         if reason is not None:
@@ -265,3 +285,33 @@ def _read_scored(table: _Table, sequence_col: str, score_col: str, splitter: _Sp
         raise PlanError(f"{table.path}: none of its {n:,} rows is usable ({reasons}); first: line {first['line']}: "
                         f"{first['reason']}: {first['detail']}", field="--sequence-col")
     return kept, rows, drops
+
+
+def split_name(split: str) -> str:
+    """'train', 'validation' or 'test' for a split name or alias (val, valid, training)."""
+    name = SPLIT_VALUES.get(str(split).strip().lower())
+    if name is None:
+        raise PlanError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}", field="split")
+    return name
+
+
+def read_scored_sequences(path: str | os.PathLike | None = None, sequence_col: str | None = None,
+                          score_col: str | None = None, split: str = "validation", *, split_col: str | None = None,
+                          val_fraction: float = 0.1, seed: int = 0, max_len: int | None = None) -> ScoredSequences:
+    """Sequences and scores of one split of a scored table (default: the shipped GB1 sample),
+    with exactly the split rule and row filters of `build_pairs` (so the same seed, split
+    column and val_fraction give the sequences the pairs of that split were built from), in
+    file order. split 'all' gives every kept row."""
+    table = Table(gb1_sample_path() if path is None else path)
+    sequence_col = sequence_col or table.find(DEFAULT_SEQUENCE_COLS)
+    score_col = score_col or table.find(DEFAULT_SCORE_COLS)
+    if sequence_col is None or score_col is None:
+        raise PlanError(f"name the column; columns present: {', '.join(map(repr, table.header))}",
+                        field="--sequence-col" if sequence_col is None else "--score-col")
+    if max_len is not None:
+        check_number("max_len", max_len, 1, integer=True)
+    wanted = list(SPLITS) if split == "all" else [split_name(split)]
+    kept, _, _ = read_scored(table, sequence_col, score_col, Splitter(table, split_col, val_fraction, seed), max_len)
+    seqs = [q for s in wanted for q in kept[s][0]]
+    scores = np.asarray([x for s in wanted for x in kept[s][1]], dtype=np.float64)
+    return ScoredSequences(seqs, scores)

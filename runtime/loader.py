@@ -1,6 +1,6 @@
 """Training data: a deterministic, resumable, data-parallel loader over prepared token shards
-(`TokenDataset`, `Loader`); the preparation itself (`prepare`, FASTA -> shards) is in
-runtime/prepare.py and re-exported here.
+(`TokenDataset`, `Loader`). The preparation (FASTA -> shards) and the shard format are in
+runtime/dataprep/ (prepare.py, shards.py; `ensure_prepared` in cache.py).
 
 The loader sees one global sample stream per (dataset, seq_len, mode, seed): global sample g
 lies in epoch g // samples_per_epoch, and every epoch is its own deterministic shuffle.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,9 @@ from typing import Any
 import numpy as np
 
 from planner.schema.errors import PlanError
-from planner.schema.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID, TOKENS
-from runtime.fasta import decode, encode
-
-from runtime.prepare import (  # noqa: F401  (re-exported: the data API lives in one place for callers)
-    DEFAULT_SHARD_TOKENS, FORMAT, FORMAT_VERSION, INDEX_DTYPE, IO_MODES, MANIFEST, MODES, SPLIT_ALIASES, SPLITS,
-    TOKEN_DTYPE, PrepareReport, _check_int, prepare, sample_fasta_path, split_of,
-)
+from planner.schema.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID
+from runtime.dataprep.fasta import decode
+from runtime.dataprep.shards import INDEX_DTYPE, IO_MODES, MODES, TOKEN_DTYPE, check_int, load_manifest, split_entry
 
 # ----------------------------------------------------------------------------- dataset
 
@@ -46,32 +41,15 @@ class TokenDataset:
 
     def __init__(self, prepared_dir: str | os.PathLike, split: str = "train"):
         self.dir = Path(prepared_dir)
-        path = self.dir / MANIFEST
-        if not path.is_file():
-            raise PlanError(f"{self.dir}: not a prepared data directory (no {MANIFEST}; run prepare first)")
-        try:
-            self.manifest = json.loads(path.read_text())
-        except ValueError as err:
-            raise PlanError(f"{path}: unreadable manifest: {err}") from None
-        if self.manifest.get("format") != FORMAT or self.manifest.get("version") != FORMAT_VERSION:
-            raise PlanError(f"{path}: not an {FORMAT} v{FORMAT_VERSION} manifest")
-        if self.manifest["vocabulary"]["tokens"] != list(TOKENS):
-            raise PlanError(f"{self.dir}: prepared with a different vocabulary; prepare it again")
-        split = SPLIT_ALIASES.get(split, split)
-        if split not in self.manifest["splits"]:
-            raise PlanError(f"unknown split {split!r}; expected one of {', '.join(self.manifest['splits'])}"
-                            " ('validation' is 'val')")
+        self.manifest = load_manifest(self.dir)
+        split, info = split_entry(self.dir, self.manifest, split)
         self.split = split
-        info = self.manifest["splits"][split]
         self.num_sequences = int(info["sequences"])
         self.num_tokens = int(info["tokens"])
         self.num_residues = int(info["residues"])
         self._shard_files = [self.dir / s["file"] for s in info["shards"]]
         self._shards: list[np.ndarray | None] = [None] * len(self._shard_files)
         index_path = self.dir / info["index"]
-        expected = self.num_sequences * INDEX_DTYPE.itemsize
-        if not index_path.is_file() or index_path.stat().st_size != expected:
-            raise PlanError(f"{index_path}: missing or wrong size (expected {expected} bytes); prepare again")
         self.index = (np.memmap(index_path, dtype=INDEX_DTYPE, mode="r") if self.num_sequences
                       else np.zeros(0, dtype=INDEX_DTYPE))
         self._lengths: np.ndarray | None = None
@@ -121,18 +99,18 @@ def split_batch(batch):
     return batch[:, :-1], batch[:, 1:]
 
 
-class _StepCounter:
+class StepCounter:
     """The global sample position shared by Loader and SyntheticLoader (see module doc)."""
 
     def _init_layout(self, seq_len, micro_batch, dp_rank, dp_size, grad_accumulation, seed) -> None:
-        self.seq_len = _check_int("seq_len", seq_len, 1)
-        self.micro_batch = _check_int("micro_batch", micro_batch, 1)
-        self.dp_size = _check_int("dp_size", dp_size, 1)
-        self.dp_rank = _check_int("dp_rank", dp_rank, 0)
+        self.seq_len = check_int("seq_len", seq_len, 1)
+        self.micro_batch = check_int("micro_batch", micro_batch, 1)
+        self.dp_size = check_int("dp_size", dp_size, 1)
+        self.dp_rank = check_int("dp_rank", dp_rank, 0)
         if self.dp_rank >= self.dp_size:
             raise PlanError(f"dp_rank {dp_rank} out of range for dp_size {dp_size}")
-        self.grad_accumulation = _check_int("grad_accumulation", grad_accumulation, 1)
-        self.seed = _check_int("seed", seed, 0)
+        self.grad_accumulation = check_int("grad_accumulation", grad_accumulation, 1)
+        self.seed = check_int("seed", seed, 0)
         self.per_rank = self.micro_batch * self.grad_accumulation
         self.global_batch = self.per_rank * self.dp_size
         self._step_start = 0        # global sample number where the current step starts
@@ -191,7 +169,7 @@ def _narrow(perm: np.ndarray) -> np.ndarray:
     return perm.astype(np.int32) if len(perm) < 2**31 else perm
 
 
-class Loader(_StepCounter):
+class Loader(StepCounter):
     """This data-parallel rank's micro-batches: LongTensor [micro_batch, seq_len + 1].
 
     `last_indices` holds the global sample numbers of the last micro-batch. Every rank builds
@@ -275,7 +253,7 @@ class Loader(_StepCounter):
         return torch.from_numpy(np.stack([self.sample(g) for g in idx]))
 
 
-class SyntheticLoader(_StepCounter):
+class SyntheticLoader(StepCounter):
     """io_mode 'synthetic': one fixed random batch (residue tokens after <bos>) returned on
     every call (the same tensor: no loading, no copy); counts samples like Loader."""
 
@@ -319,7 +297,7 @@ def measure_io(loader: Loader | SyntheticLoader, steps: int) -> dict[str, float]
     grad_accumulation for whole steps) with nothing else running; this rank's rates.
     Advances the loader. tokens = input tokens (seq_len per sample); nonpad_tokens counts the
     non-<pad> ones."""
-    calls = _check_int("steps", steps, 1)
+    calls = check_int("steps", steps, 1)
     samples = nonpad = 0
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -333,174 +311,4 @@ def measure_io(loader: Loader | SyntheticLoader, steps: int) -> dict[str, float]
             "microbatches": calls, "seconds": seconds}
 
 
-
-# ----------------------------------------------------------------------------- for the trainer and the CLI
-
-
-def _fasta_list(data) -> list[str]:
-    if isinstance(data, (list, tuple)):
-        paths = [os.fspath(p) for p in data]
-    else:
-        text = os.fspath(data)
-        paths = [text] if os.path.exists(text) else [p.strip() for p in text.split(",") if p.strip()]
-    if not paths:
-        raise PlanError("no FASTA files given", field="data")
-    return paths
-
-
-def _cache_matches(cache: Path, paths: list[str], max_len: int, val_fraction: float, seed: int) -> bool:
-    """Whether `cache` was prepared from exactly these files (path, size, not modified since)
-    with these options."""
-    try:
-        manifest_path = cache / MANIFEST
-        manifest = json.loads(manifest_path.read_text())
-        made = manifest_path.stat().st_mtime
-        if (manifest.get("format"), manifest.get("version")) != (FORMAT, FORMAT_VERSION):
-            return False
-        if (manifest["max_len"], manifest["val_fraction"], manifest["seed"]) != (max_len, val_fraction, seed):
-            return False
-        if manifest["vocabulary"]["tokens"] != list(TOKENS):
-            return False
-        sources = manifest["sources"]
-        if [s["path"] for s in sources] != [os.path.abspath(p) for p in paths]:
-            return False
-        for src, p in zip(sources, paths):
-            st = os.stat(p)
-            if st.st_size != src["bytes"] or st.st_mtime > made:
-                return False
-        return True
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _broadcast_nonce() -> str | None:
-    """A token from global rank 0 to all ranks when torch.distributed is running (None otherwise)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    obj = [secrets.token_hex(8) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(obj, src=0)
-    return obj[0]
-
-
-def ensure_prepared(data: str | os.PathLike | list | None, cache_dir: str | os.PathLike, *, rank: int = 0,
-                    max_len: int = 1024, val_fraction: float = 0.05, seed: int = 0, progress: bool | None = None,
-                    timeout_s: float = 24 * 3600.0, poll_s: float = 0.5) -> Path:
-    """A prepared directory for `data`, for every rank of a job.
-
-    `data`: None (the shipped sample), a prepared directory (returned as is), or FASTA
-    file(s): a list or a comma-separated string. FASTA input is prepared into `cache_dir` by
-    rank 0, unless `cache_dir` already holds these very files (same paths and sizes, not
-    modified since) prepared with the same options; the other ranks wait until it is there
-    (`cache_dir` must be on a filesystem that all ranks see). Under torch.distributed, a
-    PlanError on rank 0 reaches the waiting ranks too (through a marker file next to
-    `cache_dir`), so no rank hangs; the only collective is one small broadcast at the start,
-    so a long preparation does not run into collective timeouts.
-    """
-    if data is not None and not isinstance(data, (list, tuple)) and os.path.isdir(os.fspath(data)):
-        d = Path(os.fspath(data)).resolve()
-        if not (d / MANIFEST).is_file():
-            raise PlanError(f"{d}: a directory without {MANIFEST}: not a prepared data directory", field="data")
-        return d
-    paths = [str(sample_fasta_path())] if data is None else _fasta_list(data)
-    cache = Path(os.fspath(cache_dir)).resolve()
-    error_file = cache.parent / f".{cache.name}.error"
-    nonce = _broadcast_nonce()
-    if rank == 0:
-        try:
-            if error_file.exists():
-                error_file.unlink()
-            if not _cache_matches(cache, paths, max_len, val_fraction, seed):
-                prepare(paths, str(cache), max_len=max_len, val_fraction=val_fraction, seed=seed,
-                        progress=True if progress is None else progress, overwrite=True)
-        except PlanError as err:
-            if nonce is not None:
-                error_file.parent.mkdir(parents=True, exist_ok=True)
-                error_file.write_text(json.dumps({"nonce": nonce, "error": str(err)}))
-            raise
-        return cache
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if _cache_matches(cache, paths, max_len, val_fraction, seed):
-            return cache
-        if nonce is not None and error_file.exists():
-            try:
-                info = json.loads(error_file.read_text())
-            except (OSError, ValueError):
-                info = {}
-            if info.get("nonce") == nonce:
-                raise PlanError(f"rank 0 could not prepare the data: {info.get('error')}", field="data")
-        if time.monotonic() > deadline:
-            raise PlanError(f"rank {rank}: waited {timeout_s:.0f} s for rank 0 to prepare {cache}", field="data")
-        time.sleep(poll_s)
-
-
-def describe(prepared_dir: str | os.PathLike) -> str:
-    """A few lines about a prepared directory (for `exaplan data info`)."""
-    ds = TokenDataset(prepared_dir, "train")
-    m = ds.manifest
-    lines = [f"{ds.dir}: {m['sequences']:,} sequences, {m['residues']:,} residues, {m['tokens']:,} tokens "
-             f"(max_len {m['max_len']}, val_fraction {m['val_fraction']}, split seed {m['seed']})"]
-    for name, info in m["splits"].items():
-        lines.append(f"  {name:5s} {info['sequences']:>12,} sequences {info['tokens']:>15,} tokens "
-                     f"in {len(info['shards'])} shard(s)")
-    skipped = ", ".join(f"{k} {v:,}" for k, v in m["skipped"].items() if v) or "none"
-    lines.append(f"  skipped: {skipped}")
-    for ex in m["skipped_examples"][:5]:
-        lines.append(f"    {os.path.basename(ex['file'])}:{ex['line']} {ex['id']!r}: {ex['reason']} ({ex['detail']})")
-    for src in m["sources"]:
-        lines.append(f"  source {src['path']} ({src['bytes']:,} bytes, sha256 {src['sha256'][:16]}...)")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`exaplan data prepare|info|sample|pairs`: PlanError propagates (the exaplan CLI prints it, exit 2)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="exaplan data", description="Protein FASTA -> token shards for `exaplan run`.")
-    sub = ap.add_subparsers(dest="action", required=True)
-    p = sub.add_parser("prepare", help="tokenise FASTA files (plain or .gz) into a prepared directory")
-    p.add_argument("fasta", nargs="*", help="FASTA files (default: the shipped UniProt sample)")
-    p.add_argument("-o", "--out", required=True, help="output directory (written atomically)")
-    p.add_argument("--max-len", type=int, default=1024, help="longest sequence kept, in residues (default 1024)")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="validation share, by record id hash (default 0.05)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    i = sub.add_parser("info", help="describe a prepared directory")
-    i.add_argument("dir")
-    i.add_argument("--json", action="store_true", help="print the manifest")
-    sub.add_parser("sample", help="print the path of the shipped UniProt sample FASTA")
-    from runtime import pairs_cli
-
-    pairs_cli.add_parser(sub)   # `exaplan data pairs`: DPO preference pairs (runtime/pairs.py)
-    args = ap.parse_args(argv)
-    if args.action == "pairs":
-        return pairs_cli.run_cli(args)
-    if args.action == "sample":
-        print(sample_fasta_path())
-        return 0
-    if args.action == "info":
-        if args.json:
-            print(json.dumps(TokenDataset(args.dir).manifest, indent=1))
-        else:
-            print(describe(args.dir))
-        return 0
-    rep = prepare(args.fasta or [str(sample_fasta_path())], args.out, max_len=args.max_len,
-                  val_fraction=args.val_fraction, seed=args.seed, progress=not args.no_progress,
-                  overwrite=args.overwrite)
-    if args.json:
-        print(json.dumps({**rep.__dict__}, indent=1))
-    else:
-        print(rep.summary())
-        for ex in rep.skipped_examples[:5]:
-            print(f"  skipped {os.path.basename(ex['file'])}:{ex['line']} {ex['id']!r}: {ex['reason']} ({ex['detail']})")
-    return 0
-
-__all__ = ["FORMAT", "INDEX_DTYPE", "IO_MODES", "MODES", "SPLITS", "Loader", "PrepareReport", "SyntheticLoader",
-           "TokenDataset", "build_loader", "decode", "describe", "encode", "ensure_prepared", "main", "measure_io",
-           "prepare", "sample_fasta_path", "split_batch", "split_of"]
+__all__ = ["Loader", "StepCounter", "SyntheticLoader", "TokenDataset", "build_loader", "measure_io", "split_batch"]

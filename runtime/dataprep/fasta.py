@@ -77,7 +77,7 @@ class FastaRecord:
     detail: str = ""            # e.g. "character '1' at residue 17"
 
 
-class _HashingRaw(io.RawIOBase):
+class HashingRaw(io.RawIOBase):
     """A raw file that hashes (sha256) and counts every byte read through it."""
 
     def __init__(self, path: str):
@@ -134,7 +134,7 @@ class FastaFile:
 
     def records(self, max_len: int) -> Iterator[FastaRecord]:
         try:
-            raw = _HashingRaw(self.path)
+            raw = HashingRaw(self.path)
         except OSError as err:
             raise PlanError(f"{self.path}: cannot open: {err.strerror or err}") from None
         reported = 0

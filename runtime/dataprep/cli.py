@@ -1,4 +1,6 @@
-"""The report table and the CLI of `exaplan data pairs` (building: runtime/pairs.py)."""
+"""`exaplan data prepare|info|sample|pairs`: `main(argv) -> int`; and the report table of
+`exaplan data pairs`. PlanError propagates (the exaplan CLI prints it, exit 2). Preparing:
+runtime/dataprep/prepare.py; pairs: runtime/dataprep/pairs.py."""
 
 from __future__ import annotations
 
@@ -7,7 +9,54 @@ import os
 from collections import Counter
 from typing import Any
 
-from runtime.pairs import FORMAT, FORMAT_VERSION, SPLITS, build_pairs, load_manifest
+from runtime.dataprep.cache import describe, prepared_manifest
+from runtime.dataprep.pairs import FORMAT, FORMAT_VERSION, SPLITS, build_pairs, load_manifest
+from runtime.dataprep.prepare import prepare, sample_fasta_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`exaplan data prepare|info|sample|pairs`: PlanError propagates (the exaplan CLI prints it, exit 2)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="exaplan data", description="Protein FASTA -> token shards for `exaplan run`.")
+    sub = ap.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("prepare", help="tokenise FASTA files (plain or .gz) into a prepared directory")
+    p.add_argument("fasta", nargs="*", help="FASTA files (default: the shipped UniProt sample)")
+    p.add_argument("-o", "--out", required=True, help="output directory (written atomically)")
+    p.add_argument("--max-len", type=int, default=1024, help="longest sequence kept, in residues (default 1024)")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="validation share, by record id hash (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    i = sub.add_parser("info", help="describe a prepared directory")
+    i.add_argument("dir")
+    i.add_argument("--json", action="store_true", help="print the manifest")
+    sub.add_parser("sample", help="print the path of the shipped UniProt sample FASTA")
+    add_pairs_parser(sub)   # `exaplan data pairs`: DPO preference pairs (runtime/dataprep/pairs.py)
+    args = ap.parse_args(argv)
+    if args.action == "pairs":
+        return run_pairs(args)
+    if args.action == "sample":
+        print(sample_fasta_path())
+        return 0
+    if args.action == "info":
+        if args.json:
+            print(json.dumps(prepared_manifest(args.dir), indent=1))
+        else:
+            print(describe(args.dir))
+        return 0
+    rep = prepare(args.fasta or [str(sample_fasta_path())], args.out, max_len=args.max_len,
+                  val_fraction=args.val_fraction, seed=args.seed, progress=not args.no_progress,
+                  overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps({**rep.__dict__}, indent=1))
+    else:
+        print(rep.summary())
+        for ex in rep.skipped_examples[:5]:
+            print(f"  skipped {os.path.basename(ex['file'])}:{ex['line']} {ex['id']!r}: {ex['reason']} ({ex['detail']})")
+    return 0
+
 
 # ----------------------------------------------------------------------------- reports
 
@@ -54,7 +103,7 @@ def format_report(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def describe(pairs_dir: str | os.PathLike) -> str:
+def describe_pairs(pairs_dir: str | os.PathLike) -> str:
     """A few lines about a pairs directory."""
     m = load_manifest(pairs_dir)
     return f"{os.path.abspath(pairs_dir)}: {FORMAT} v{FORMAT_VERSION}\n" + format_report(m)
@@ -79,7 +128,7 @@ Output DIR (atomic; --overwrite replaces an existing pairs directory):
                                 margin, seed, max_len, counts per split, score_stats, created_by
   train.tsv validation.tsv test.tsv
                                 chosen<TAB>rejected<TAB>chosen_score<TAB>rejected_score
-Python: runtime.pairs.read_pairs(DIR, "train") -> [Pair(chosen, rejected, chosen_score, rejected_score)].
+Python: runtime.dataprep.pairs.read_pairs(DIR, "train") -> [Pair(chosen, rejected, chosen_score, rejected_score)].
 
 Example, the shipped GB1 sample (Olson et al. 2014 double mutants, via mavenn; the default input):
   exaplan data pairs -o gb1pairs
@@ -87,7 +136,7 @@ Example, the shipped GB1 sample (Olson et al. 2014 double mutants, via mavenn; t
 """
 
 
-def add_parser(sub) -> None:
+def add_pairs_parser(sub) -> None:
     """The `pairs` subcommand of `exaplan data` (sub: argparse subparsers)."""
     import argparse
 
@@ -113,7 +162,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def run_cli(args) -> int:
+def run_pairs(args) -> int:
     rep = build_pairs(args.table, args.out, sequence_col=args.sequence_col, score_col=args.score_col,
                       chosen_col=args.chosen_col, rejected_col=args.rejected_col,
                       chosen_score_col=args.chosen_score_col, rejected_score_col=args.rejected_score_col,
@@ -124,4 +173,4 @@ def run_cli(args) -> int:
     return 0
 
 
-__all__ = ["add_parser", "describe", "format_report", "run_cli"]
+__all__ = ["add_pairs_parser", "describe_pairs", "format_report", "main", "run_pairs"]

@@ -30,10 +30,11 @@ on error nothing is left):
                      a line, uppercase one-letter sequences, scores empty when unknown; lines in
                      a seeded random order (the first N lines are a random subset)
 
-Readers: `read_pairs(dir, split)`, `load_manifest(dir)`; for correlating a model's likelihood
-with the measured score: `read_scored_sequences(path, ...)`. Bad input raises PlanError (the
-CLI prints it and exits 2). No torch here. Reading the input table: runtime/pairs_table.py;
-the report, `describe(dir)` and the CLI: runtime/pairs_cli.py.
+Readers: `read_pairs(dir, split)`, `load_manifest(dir)`. Bad input raises PlanError (the CLI
+prints it and exits 2). No torch here. Reading the input table, the shipped GB1 sample
+(`gb1_sample_path`) and, for correlating a model's likelihood with the measured score,
+`read_scored_sequences(path, ...)`: runtime/dataprep/pairs_table.py; the report,
+`describe_pairs(dir)` and the CLI: runtime/dataprep/cli.py.
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 
 from planner.schema.errors import PlanError
-from runtime.pairs_table import (  # noqa: F401  (re-exported: runtime.pairs.X as before the split)
-    DEFAULT_SCORE_COLS, DEFAULT_SEQUENCE_COLS, DEFAULT_SPLIT_COL, DROP_REASONS, MISSING_SCORES, SPLIT_VALUES, SPLITS,
-    _check_number, _Drops, _field, _read_scored, _score, _sequence, _Splitter, _Table)
-from runtime.prepare import _discard, _fresh_dir, _install, _makedirs
+from runtime.dataprep.atomic import discard, fresh_dir, install, makedirs
+from runtime.dataprep.pairs_table import (DEFAULT_SCORE_COLS, DEFAULT_SEQUENCE_COLS, SPLITS, Drops, Splitter, Table,
+                                          cell, check_number, gb1_sample_path, parse_score, parse_sequence,
+                                          read_scored, split_name)
 
 FORMAT = "exaplan-pairs"
 FORMAT_VERSION = 1
@@ -66,21 +67,6 @@ class Pair(NamedTuple):
     rejected: str
     chosen_score: float | None
     rejected_score: float | None
-
-
-class ScoredSequences(NamedTuple):
-    sequences: list[str]
-    scores: np.ndarray      # float64, same order
-
-
-def gb1_sample_path() -> Path:
-    """The shipped GB1 sample: 6,000 rows of the Olson et al. 2014 double-mutant scan (from the
-    mavenn 1.1.4 wheel, MIT; see runtime/data/ATTRIBUTION.md). Columns set,dist,input_ct,
-    selected_ct,y,x: x the 55-residue sequence, y the measured fitness (log enrichment)."""
-    path = Path(__file__).resolve().parent / "data" / "gb1_sample.csv.gz"
-    if not path.is_file():
-        raise PlanError(f"shipped sample missing: {path} (package data not installed?)")
-    return path
 
 
 # ----------------------------------------------------------------------------- pairing
@@ -164,6 +150,18 @@ def _chunks(pairs: _Indexed | list[Pair], size: int = 65536) -> Iterator[str]:
 # ----------------------------------------------------------------------------- build
 
 
+class _Built(NamedTuple):
+    """The pairs of every split and what the manifest says about them."""
+    pairs: dict[str, _Indexed | list[Pair]]
+    rows: Counter           # rows read per split
+    drops: Drops
+    columns: dict[str, str | None]
+    diffs: dict[str, np.ndarray]                    # chosen - rejected score per pair
+    score_stats: dict[str, dict[str, float] | None]
+    sequences: dict[str, int]                       # distinct sequences per split
+    identical: int                                  # pairs dropped for identical sequences
+
+
 def build_pairs(path: str | os.PathLike | None = None, out_dir: str | os.PathLike = "pairs", *,
                 sequence_col: str | None = None, score_col: str | None = None,
                 chosen_col: str | None = None, rejected_col: str | None = None,
@@ -180,6 +178,29 @@ def build_pairs(path: str | os.PathLike | None = None, out_dir: str | os.PathLik
     `pairs_per_sequence`: partners drawn per sequence; `max_pairs`: at most this many pairs
     in each split (a seeded random subset). PlanError and nothing written on bad input."""
     t0 = time.perf_counter()
+    explicit, margin, k = _check_options(sequence_col, score_col, chosen_col, rejected_col, chosen_score_col,
+                                         rejected_score_col, margin, pairs_per_sequence, max_pairs, seed, max_len,
+                                         val_fraction)
+    out = os.path.abspath(os.fspath(out_dir))
+    _check_out(out, overwrite)
+    table = Table(gb1_sample_path() if path is None else path)
+    splitter = Splitter(table, split_col, val_fraction, seed)
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0x9A125])))
+    if explicit:
+        built = _explicit_pairs(table, chosen_col, rejected_col, chosen_score_col, rejected_score_col, splitter,
+                                max_len, max_pairs, rng)
+    else:
+        built = _scored_pairs(table, sequence_col, score_col, splitter, max_len, margin, k, max_pairs, rng)
+    _check_train(built.pairs, built.sequences, built.rows, built.score_stats, margin, explicit, table)
+    manifest = _manifest(built, table, splitter, explicit, margin, k, max_pairs, seed, max_len, val_fraction)
+    _write(out, manifest, built.pairs, overwrite)
+    return {**manifest, "out_dir": out, "dropped_examples": built.drops.examples,
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _check_options(sequence_col, score_col, chosen_col, rejected_col, chosen_score_col, rejected_score_col,
+                   margin, pairs_per_sequence, max_pairs, seed, max_len, val_fraction) -> tuple[bool, float | None, int]:
+    """build_pairs' options checked: (explicit mode?, the margin, pairs per sequence)."""
     explicit = chosen_col is not None or rejected_col is not None
     if explicit and (chosen_col is None or rejected_col is None):
         raise PlanError("explicit pairs need both --chosen-col and --rejected-col",
@@ -193,85 +214,86 @@ def build_pairs(path: str | os.PathLike | None = None, out_dir: str | os.PathLik
         raise PlanError("applies only when pairs are built from scored sequences (explicit pairs are taken "
                         "as they are)", field="--margin")
     if not explicit:
-        margin = 0.5 if margin is None else _check_number("--margin", margin, 0, integer=False)
-    k = _check_number("--pairs-per-sequence", pairs_per_sequence, 1, integer=True)
+        margin = 0.5 if margin is None else check_number("--margin", margin, 0, integer=False)
+    k = check_number("--pairs-per-sequence", pairs_per_sequence, 1, integer=True)
     if max_pairs is not None:
-        _check_number("--max-pairs", max_pairs, 1, integer=True)
-    seed = _check_number("--seed", seed, 0, integer=True)
-    max_len = _check_number("--max-len", max_len, 1, integer=True)
-    _check_number("--val-fraction", val_fraction, 0, integer=False, hi=1, hi_open=True)
+        check_number("--max-pairs", max_pairs, 1, integer=True)
+    check_number("--seed", seed, 0, integer=True)
+    check_number("--max-len", max_len, 1, integer=True)
+    check_number("--val-fraction", val_fraction, 0, integer=False, hi=1, hi_open=True)
+    return explicit, margin, k
 
-    out = os.path.abspath(os.fspath(out_dir))
-    _check_out(out, overwrite)
-    table = _Table(gb1_sample_path() if path is None else path)
-    splitter = _Splitter(table, split_col, val_fraction, seed)
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0x9A125])))
 
-    if explicit:
-        pairs, rows, drops, columns = _read_explicit(table, chosen_col, rejected_col, chosen_score_col,
-                                                     rejected_score_col, splitter, max_len)
-        identical = 0
-        for s in SPLITS:        # seeded order; max_pairs: the first ones, a random subset
-            pairs[s] = [pairs[s][i] for i in rng.permutation(len(pairs[s]))[:max_pairs]]
-        diffs = {s: np.array([p.chosen_score - p.rejected_score for p in pairs[s]
-                              if p.chosen_score is not None and p.rejected_score is not None]) for s in SPLITS}
-        score_stats = {s: _stats(np.array([x for p in pairs[s] for x in (p.chosen_score, p.rejected_score)
-                                           if x is not None])) for s in SPLITS}
-        sequences = {s: len({q for p in pairs[s] for q in (p.chosen, p.rejected)}) for s in SPLITS}
-    else:
-        sequence_col = sequence_col or table.find(DEFAULT_SEQUENCE_COLS)
-        score_col = score_col or table.find(DEFAULT_SCORE_COLS)
-        if sequence_col is None or score_col is None:
-            option, names = (("--sequence-col", DEFAULT_SEQUENCE_COLS) if sequence_col is None
-                             else ("--score-col", DEFAULT_SCORE_COLS))
-            raise PlanError(f"no column named {'/'.join(names)} in {table.path}; name one of the columns present: "
-                            f"{', '.join(map(repr, table.header))}", field=option)
-        kept, rows, drops = _read_scored(table, sequence_col, score_col, splitter, max_len)
-        columns = {"sequence": table.header[table.column(sequence_col, "--sequence-col")],
-                   "score": table.header[table.column(score_col, "--score-col")], "split": splitter.name}
-        pairs, diffs, score_stats, sequences, identical = {}, {}, {}, {}, 0
-        for s in SPLITS:
-            seqs, sc = kept[s][0], np.asarray(kept[s][1], dtype=np.float64)
-            chosen, rejected, same = _pair_split(sc, margin, k, rng)
-            identical += same
-            if max_pairs is not None and len(chosen) > max_pairs:
-                chosen, rejected = chosen[:max_pairs], rejected[:max_pairs]     # already shuffled
-            pairs[s] = _Indexed(seqs, sc, chosen, rejected)
-            diffs[s] = sc[chosen] - sc[rejected]
-            score_stats[s] = _stats(sc)
-            sequences[s] = len(seqs)
-    _check_train(pairs, sequences, rows, score_stats, margin, explicit, table)
+def _explicit_pairs(table: Table, chosen_col: str, rejected_col: str, chosen_score_col: str | None,
+                    rejected_score_col: str | None, splitter: Splitter, max_len: int, max_pairs: int | None,
+                    rng: np.random.Generator) -> _Built:
+    pairs, rows, drops, columns = _read_explicit(table, chosen_col, rejected_col, chosen_score_col,
+                                                 rejected_score_col, splitter, max_len)
+    for s in SPLITS:        # seeded order; max_pairs: the first ones, a random subset
+        pairs[s] = [pairs[s][i] for i in rng.permutation(len(pairs[s]))[:max_pairs]]
+    diffs = {s: np.array([p.chosen_score - p.rejected_score for p in pairs[s]
+                          if p.chosen_score is not None and p.rejected_score is not None]) for s in SPLITS}
+    score_stats = {s: _stats(np.array([x for p in pairs[s] for x in (p.chosen_score, p.rejected_score)
+                                       if x is not None])) for s in SPLITS}
+    sequences = {s: len({q for p in pairs[s] for q in (p.chosen, p.rejected)}) for s in SPLITS}
+    return _Built(pairs, rows, drops, columns, diffs, score_stats, sequences, 0)
 
-    counts = {s: len(pairs[s]) for s in SPLITS}
+
+def _scored_pairs(table: Table, sequence_col: str | None, score_col: str | None, splitter: Splitter,
+                  max_len: int, margin: float, k: int, max_pairs: int | None, rng: np.random.Generator) -> _Built:
+    sequence_col = sequence_col or table.find(DEFAULT_SEQUENCE_COLS)
+    score_col = score_col or table.find(DEFAULT_SCORE_COLS)
+    if sequence_col is None or score_col is None:
+        option, names = (("--sequence-col", DEFAULT_SEQUENCE_COLS) if sequence_col is None
+                         else ("--score-col", DEFAULT_SCORE_COLS))
+        raise PlanError(f"no column named {'/'.join(names)} in {table.path}; name one of the columns present: "
+                        f"{', '.join(map(repr, table.header))}", field=option)
+    kept, rows, drops = read_scored(table, sequence_col, score_col, splitter, max_len)
+    columns = {"sequence": table.header[table.column(sequence_col, "--sequence-col")],
+               "score": table.header[table.column(score_col, "--score-col")], "split": splitter.name}
+    pairs, diffs, score_stats, sequences, identical = {}, {}, {}, {}, 0
+    for s in SPLITS:
+        seqs, sc = kept[s][0], np.asarray(kept[s][1], dtype=np.float64)
+        chosen, rejected, same = _pair_split(sc, margin, k, rng)
+        identical += same
+        if max_pairs is not None and len(chosen) > max_pairs:
+            chosen, rejected = chosen[:max_pairs], rejected[:max_pairs]     # already shuffled
+        pairs[s] = _Indexed(seqs, sc, chosen, rejected)
+        diffs[s] = sc[chosen] - sc[rejected]
+        score_stats[s] = _stats(sc)
+        sequences[s] = len(seqs)
+    return _Built(pairs, rows, drops, columns, diffs, score_stats, sequences, identical)
+
+
+def _manifest(built: _Built, table: Table, splitter: Splitter, explicit: bool, margin: float | None, k: int,
+              max_pairs: int | None, seed: int, max_len: int, val_fraction: float) -> dict[str, Any]:
+    rows, drops, columns = built.rows, built.drops, built.columns
     source = {"path": os.path.abspath(table.path), "sha256": table.sha256, "rows": sum(rows.values()),
               "bytes": table.size, "gzip": table.gzip, "delimiter": table.delimiter}
-    manifest = {
+    return {
         "format": FORMAT, "version": FORMAT_VERSION, "source": source, "columns": columns,
         "mode": "explicit" if explicit else "scored",
         "margin": margin, "seed": seed, "max_len": max_len,
         "pairs_per_sequence": None if explicit else k, "max_pairs": max_pairs,
         "split_rule": splitter.rule, "val_fraction": val_fraction if splitter.name is None else None,
-        "counts": counts,
+        "counts": {s: len(built.pairs[s]) for s in SPLITS},
         "rows": {"read": sum(rows.values()), "per_split": dict(rows),
                  "kept": {s: rows[s] - sum(drops.per_split[s].values()) for s in SPLITS},
                  "dropped": dict(drops.counts),
                  "dropped_per_split": {s: dict(drops.per_split[s]) for s in SPLITS}},
-        "sequences": sequences,
-        "score_stats": score_stats,
-        "difference_stats": {s: _stats(diffs[s]) for s in SPLITS},
-        "identical_pairs_dropped": identical,
+        "sequences": built.sequences,
+        "score_stats": built.score_stats,
+        "difference_stats": {s: _stats(built.diffs[s]) for s in SPLITS},
+        "identical_pairs_dropped": built.identical,
         "files": {s: f"{s}.tsv" for s in SPLITS},
         "file_columns": list(COLUMNS),
         "created_by": _command(table.path, explicit, columns, splitter, margin, k, max_pairs, seed, max_len,
                                val_fraction),
     }
-    _write(out, manifest, pairs, overwrite)
-    return {**manifest, "out_dir": out, "dropped_examples": drops.examples,
-            "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def _read_explicit(table: _Table, chosen_col: str, rejected_col: str, chosen_score_col: str | None,
-                   rejected_score_col: str | None, splitter: _Splitter, max_len: int):
+def _read_explicit(table: Table, chosen_col: str, rejected_col: str, chosen_score_col: str | None,
+                   rejected_score_col: str | None, splitter: Splitter, max_len: int):
     ci, ri = table.column(chosen_col, "--chosen-col"), table.column(rejected_col, "--rejected-col")
     csi = None if chosen_score_col is None else table.column(chosen_score_col, "--chosen-score-col")
     rsi = None if rejected_score_col is None else table.column(rejected_score_col, "--rejected-score-col")
@@ -280,12 +302,12 @@ def _read_explicit(table: _Table, chosen_col: str, rejected_col: str, chosen_sco
                "rejected_score": None if rsi is None else table.header[rsi], "split": splitter.name}
     pairs: dict[str, list[Pair]] = {s: [] for s in SPLITS}
     rows: Counter[str] = Counter({s: 0 for s in SPLITS})
-    drops = _Drops()
+    drops = Drops()
     seen: set[tuple[str, str]] = set()
     for lineno, row in table.rows():
         seqs = []
         for i, option in ((ci, "--chosen-col"), (ri, "--rejected-col")):
-            seq, reason, detail = _sequence(_field(row, i, lineno, table))
+            seq, reason, detail = parse_sequence(cell(row, i, lineno, table))
             if reason is not None:
                 raise PlanError(f"{table.path} line {lineno}: {reason.replace('_', ' ')} in column "
                                 f"{table.header[i]!r}: {detail}", field=option)
@@ -294,9 +316,9 @@ def _read_explicit(table: _Table, chosen_col: str, rejected_col: str, chosen_sco
         if chosen == rejected:
             raise PlanError(f"{table.path} line {lineno}: chosen and rejected sequences are identical",
                             field="--rejected-col")
-        cs = None if csi is None else _score(_field(row, csi, lineno, table), lineno, table.header[csi],
+        cs = None if csi is None else parse_score(cell(row, csi, lineno, table), lineno, table.header[csi],
                                              "--chosen-score-col", table)
-        rs = None if rsi is None else _score(_field(row, rsi, lineno, table), lineno, table.header[rsi],
+        rs = None if rsi is None else parse_score(cell(row, rsi, lineno, table), lineno, table.header[rsi],
                                              "--rejected-score-col", table)
         if cs is not None and rs is not None and cs < rs:
             raise PlanError(f"{table.path} line {lineno}: chosen score {cs!r} is below the rejected score {rs!r}",
@@ -373,8 +395,8 @@ def _write(out: str, manifest: dict[str, Any], pairs: dict[str, _Indexed | list[
     created: list[str] = []
     tmp = None
     try:
-        created = _makedirs(parent)
-        tmp = _fresh_dir(parent, f".{os.path.basename(out)}.tmp-")
+        created = makedirs(parent)
+        tmp = fresh_dir(parent, f".{os.path.basename(out)}.tmp-")
         for s in SPLITS:
             with open(os.path.join(tmp, f"{s}.tsv"), "w", encoding="ascii", newline="\n") as f:
                 f.write(HEADER + "\n")
@@ -383,9 +405,9 @@ def _write(out: str, manifest: dict[str, Any], pairs: dict[str, _Indexed | list[
         with open(os.path.join(tmp, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
             f.write("\n")
-        _install(tmp, out)
+        install(tmp, out)
     except BaseException as err:
-        _discard(tmp, created)
+        discard(tmp, created)
         if isinstance(err, OSError):
             raise PlanError(f"{out}: cannot write the pairs: {err}", field="--out") from err
         raise
@@ -408,18 +430,11 @@ def load_manifest(pairs_dir: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
-def _split_name(split: str) -> str:
-    name = SPLIT_VALUES.get(str(split).strip().lower())
-    if name is None:
-        raise PlanError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}", field="split")
-    return name
-
-
 def read_pairs(pairs_dir: str | os.PathLike, split: str = "train") -> list[Pair]:
     """The pairs of one split ('train', 'validation' or 'test'; aliases val, valid, training),
     in file order."""
     manifest = load_manifest(pairs_dir)
-    split = _split_name(split)
+    split = split_name(split)
     path = Path(pairs_dir) / manifest.get("files", {}).get(split, f"{split}.tsv")
     if not path.is_file():
         raise PlanError(f"{path}: missing (the manifest lists {manifest['counts'].get(split, 0)} {split} pairs)")
@@ -444,28 +459,4 @@ def read_pairs(pairs_dir: str | os.PathLike, split: str = "train") -> list[Pair]
     return out
 
 
-def read_scored_sequences(path: str | os.PathLike | None = None, sequence_col: str | None = None,
-                          score_col: str | None = None, split: str = "validation", *, split_col: str | None = None,
-                          val_fraction: float = 0.1, seed: int = 0, max_len: int | None = None) -> ScoredSequences:
-    """Sequences and scores of one split of a scored table (default: the shipped GB1 sample),
-    with exactly the split rule and row filters of `build_pairs` (so the same seed, split
-    column and val_fraction give the sequences the pairs of that split were built from), in
-    file order. split 'all' gives every kept row."""
-    table = _Table(gb1_sample_path() if path is None else path)
-    sequence_col = sequence_col or table.find(DEFAULT_SEQUENCE_COLS)
-    score_col = score_col or table.find(DEFAULT_SCORE_COLS)
-    if sequence_col is None or score_col is None:
-        raise PlanError(f"name the column; columns present: {', '.join(map(repr, table.header))}",
-                        field="--sequence-col" if sequence_col is None else "--score-col")
-    if max_len is not None:
-        _check_number("max_len", max_len, 1, integer=True)
-    wanted = list(SPLITS) if split == "all" else [_split_name(split)]
-    kept, _, _ = _read_scored(table, sequence_col, score_col, _Splitter(table, split_col, val_fraction, seed), max_len)
-    seqs = [q for s in wanted for q in kept[s][0]]
-    scores = np.asarray([x for s in wanted for x in kept[s][1]], dtype=np.float64)
-    return ScoredSequences(seqs, scores)
-
-
-
-__all__ = ["FORMAT", "FORMAT_VERSION", "Pair", "SPLITS", "ScoredSequences", "build_pairs", "gb1_sample_path",
-           "load_manifest", "read_pairs", "read_scored_sequences"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Pair", "SPLITS", "build_pairs", "load_manifest", "read_pairs"]

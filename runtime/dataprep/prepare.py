@@ -1,16 +1,10 @@
 """FASTA -> memory-mapped token shards (`prepare`): the preparation half of the training data.
 
-Prepared directory layout (all little-endian, raw numpy arrays described by the manifest):
-
-    manifest.json            counts, skipped records per reason, sources with sha256, vocabulary
-    train-00000.tokens ...   uint8 token ids, sequences (<bos> residues <eos>) back to back
-    train.index              INDEX_DTYPE per sequence: shard number, length (tokens), offset
-    val-00000.tokens, val.index
-
-`prepare` streams its inputs (plain or gzip, any size) and writes into a temporary directory
-next to `out_dir`, renamed into place only when everything succeeded: on error (PlanError)
-nothing is left behind. The train/val split hashes each record's id with the seed, so a
-record lands in the same split whatever the file order. The loader is in runtime/data.py.
+The directory layout and its format constants are in runtime/dataprep/shards.py, the loader
+in runtime/loader.py. `prepare` streams its inputs (plain or gzip, any size) and writes into
+a temporary directory next to `out_dir`, renamed into place only when everything succeeded:
+on error (PlanError) nothing is left behind. The train/val split hashes each record's id with
+the seed, so a record lands in the same split whatever the file order.
 """
 
 
@@ -19,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,18 +23,11 @@ import numpy as np
 
 from planner.schema.errors import PlanError
 from planner.schema.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID, TOKENS, VOCAB_SIZE
-from runtime.fasta import SKIP_REASONS, FastaFile
+from runtime.dataprep.atomic import discard, fresh_dir, install, makedirs
+from runtime.dataprep.fasta import SKIP_REASONS, FastaFile
+from runtime.dataprep.shards import (DEFAULT_SHARD_TOKENS, FORMAT, FORMAT_VERSION, INDEX_DTYPE, MANIFEST, SPLITS,
+                                     TOKEN_DTYPE, check_int)
 
-FORMAT = "exaplan-protein-tokens"
-FORMAT_VERSION = 1
-SPLITS = ("train", "val")
-SPLIT_ALIASES = {"validation": "val", "valid": "val", "training": "train"}
-MODES = ("pack", "pad")
-IO_MODES = ("real", "synthetic", "io-only")
-INDEX_DTYPE = np.dtype([("shard", "<u4"), ("length", "<u4"), ("offset", "<u8")])
-TOKEN_DTYPE = np.uint8
-MANIFEST = "manifest.json"
-DEFAULT_SHARD_TOKENS = 1 << 30      # 1 GiB per shard file
 _FLUSH_BYTES = 1 << 18              # write buffer per split (256 KiB)
 _MAX_EXAMPLES = 20                  # skipped records listed by id in the manifest
 # Nucleotide letters (as token ids): a file of (nearly) only these is DNA/RNA, not protein.
@@ -52,8 +37,8 @@ _NUCLEOTIDE_FRACTION = 0.95
 
 
 def sample_fasta_path() -> Path:
-    """The shipped sample: 3,103 UniProtKB sequences (see runtime/data/ATTRIBUTION.md)."""
-    path = Path(__file__).resolve().parent / "data" / "uniprot_sample.fasta.gz"
+    """The shipped sample: 3,103 UniProtKB sequences (see runtime/dataprep/samples/ATTRIBUTION.md)."""
+    path = Path(__file__).resolve().parent / "samples" / "uniprot_sample.fasta.gz"
     if not path.is_file():
         raise PlanError(f"shipped sample missing: {path} (package data not installed?)")
     return path
@@ -154,12 +139,6 @@ class _SplitWriter:
                 f.close()
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise PlanError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def prepare(fasta_paths: list[str], out_dir: str, *, max_len: int = 1024, val_fraction: float = 0.05,
             seed: int = 0, progress: bool = True, overwrite: bool = False,
             shard_tokens: int = DEFAULT_SHARD_TOKENS) -> PrepareReport:
@@ -171,14 +150,62 @@ def prepare(fasta_paths: list[str], out_dir: str, *, max_len: int = 1024, val_fr
     for: a missing, empty or non-FASTA file, unreadable gzip, a file in which every record
     is skipped, a file of nucleotide sequences, or `out_dir` existing without `overwrite`.
     """
+    paths, out, max_len, seed, shard_tokens = _check_inputs(fasta_paths, out_dir, max_len, val_fraction, seed,
+                                                            overwrite, shard_tokens)
+    files = [FastaFile(p) for p in paths]     # checks existence and emptiness up front
+
+    t0 = time.perf_counter()
+    parent = os.path.dirname(out)
+    created: list[str] = []
+    tmp = None
+    writers: dict[str, _SplitWriter] = {}
+    bar = _progress_bar() if progress else None
+    try:
+        created = makedirs(parent)
+        tmp = fresh_dir(parent, f".{os.path.basename(out)}.tmp-")
+        writers = {s: _SplitWriter(tmp, s, shard_tokens) for s in SPLITS}
+        skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
+        examples: list[dict[str, Any]] = []
+        sources: list[dict[str, Any]] = []
+        for ff in files:
+            if bar is not None:
+                bar_task = bar.add_task(os.path.basename(ff.path), total=ff.size)
+                ff.on_bytes = lambda n, t=bar_task: bar.advance(t, n)
+            sources.append(_tokenise_file(ff, writers, max_len, seed, val_fraction, skipped, examples))
+        splits = {s: w.close() for s, w in writers.items()}
+        total = {k: sum(splits[s][k] for s in SPLITS) for k in ("sequences", "residues", "tokens")}
+        manifest = _manifest(total, splits, skipped, examples, sources, max_len, val_fraction, seed)
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.write("\n")
+        install(tmp, out)
+    except BaseException as err:
+        for w in writers.values():
+            w.abort()
+        discard(tmp, created)
+        if isinstance(err, OSError):        # disk full, permissions, ...
+            raise PlanError(f"{out}: cannot write the prepared data: {err}") from err
+        raise
+    finally:
+        if bar is not None:
+            bar.stop()
+    return PrepareReport(
+        out_dir=out, sequences=total["sequences"], residues=total["residues"], tokens=total["tokens"],
+        skipped=dict(skipped), splits={s: {k: splits[s][k] for k in ("sequences", "residues", "tokens")} for s in SPLITS},
+        sources=sources, skipped_examples=examples, seconds=time.perf_counter() - t0)
+
+
+def _check_inputs(fasta_paths, out_dir, max_len, val_fraction, seed, overwrite, shard_tokens
+                  ) -> tuple[list[str], str, int, int, int]:
+    """prepare's arguments checked: (paths, absolute out_dir, max_len, seed, shard_tokens)."""
     if isinstance(fasta_paths, (str, os.PathLike)):
         fasta_paths = [fasta_paths]
     paths = [os.fspath(p) for p in fasta_paths]
     if not paths:
         raise PlanError("no FASTA files given")
-    max_len = _check_int("max_len", max_len, 1)
-    seed = _check_int("seed", seed, 0)
-    shard_tokens = _check_int("shard_tokens", shard_tokens, max_len + 2)
+    max_len = check_int("max_len", max_len, 1)
+    seed = check_int("seed", seed, 0)
+    shard_tokens = check_int("shard_tokens", shard_tokens, max_len + 2)
     if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
         raise PlanError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
     seen: dict[str, str] = {}
@@ -192,140 +219,66 @@ def prepare(fasta_paths: list[str], out_dir: str, *, max_len: int = 1024, val_fr
         raise PlanError(f"{out}: already exists (pass overwrite=True / --overwrite to replace it)")
     if os.path.exists(out) and not os.path.isfile(os.path.join(out, MANIFEST)):
         raise PlanError(f"{out}: exists and is not a prepared data directory; refusing to replace it")
-    files = [FastaFile(p) for p in paths]     # checks existence and emptiness up front
-
-    t0 = time.perf_counter()
-    parent = os.path.dirname(out)
-    created: list[str] = []
-    tmp = None
-    writers: dict[str, _SplitWriter] = {}
-    bar = _progress_bar() if progress else None
-    try:
-        created = _makedirs(parent)
-        tmp = _fresh_dir(parent, f".{os.path.basename(out)}.tmp-")
-        writers = {s: _SplitWriter(tmp, s, shard_tokens) for s in SPLITS}
-        skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
-        examples: list[dict[str, Any]] = []
-        sources: list[dict[str, Any]] = []
-        for ff in files:
-            if bar is not None:
-                bar_task = bar.add_task(os.path.basename(ff.path), total=ff.size)
-                ff.on_bytes = lambda n, t=bar_task: bar.advance(t, n)
-            src_skipped: Counter[str] = Counter()
-            kept = residues = nucleotides = 0
-            first_bad = None
-            records_iter = ff.records(max_len)
-            for rec in records_iter:
-                if rec.skip is not None:
-                    src_skipped[rec.skip] += 1
-                    ex = {"file": ff.path, "line": rec.line, "id": rec.id, "reason": rec.skip, "detail": rec.detail}
-                    first_bad = first_bad or ex
-                    if len(examples) < _MAX_EXAMPLES:
-                        examples.append(ex)
-                    continue
-                writers[split_of(rec.id, seed, val_fraction)].add(rec.tokens)
-                kept += 1
-                residues += rec.residues
-                nucleotides += rec.residues - len(rec.tokens[1:-1].translate(None, _NUCLEOTIDE_IDS))
-            records_iter.close()
-            records = kept + sum(src_skipped.values())
-            if kept == 0:
-                reasons = ", ".join(f"{k} {v:,}" for k, v in src_skipped.items())
-                raise PlanError(
-                    f"{ff.path}: none of its {records:,} records is usable ({reasons}); first: record "
-                    f"{first_bad['id']!r} (line {first_bad['line']}): {first_bad['detail']}")
-            if residues >= _NUCLEOTIDE_MIN_RESIDUES and nucleotides >= _NUCLEOTIDE_FRACTION * residues:
-                raise PlanError(
-                    f"{ff.path}: {nucleotides / residues:.0%} of residues are A/C/G/T/U/N: these look like "
-                    "nucleotide sequences, not protein")
-            skipped.update(src_skipped)
-            sources.append({"path": os.path.abspath(ff.path), "name": os.path.basename(ff.path),
-                            "bytes": ff.size, "sha256": ff.sha256, "gzip": ff.compressed,
-                            "records": records, "sequences": kept, "residues": residues,
-                            "skipped": {k: v for k, v in src_skipped.items() if v}})
-        splits = {s: w.close() for s, w in writers.items()}
-        total = {k: sum(splits[s][k] for s in SPLITS) for k in ("sequences", "residues", "tokens")}
-        manifest = {
-            "format": FORMAT, "version": FORMAT_VERSION,
-            "vocabulary": {"tokens": list(TOKENS), "size": VOCAB_SIZE, "pad_id": PAD_ID, "bos_id": BOS_ID,
-                           "eos_id": TOKEN_TO_ID["<eos>"]},
-            "token_dtype": np.dtype(TOKEN_DTYPE).str,
-            "index_dtype": [[name, INDEX_DTYPE.fields[name][0].str] for name in INDEX_DTYPE.names],
-            "max_len": max_len, "val_fraction": val_fraction, "seed": seed,
-            "split_rule": "val if blake2b-64('{seed}\\0{record id}') / 2**64 < val_fraction",
-            "record_format": "<bos> residues <eos>; upper-cased; one terminal '*' dropped",
-            **total,
-            "splits": splits,
-            "skipped": dict(skipped),
-            "skipped_examples": examples,
-            "sources": sources,
-        }
-        with open(os.path.join(tmp, MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.write("\n")
-        _install(tmp, out)
-    except BaseException as err:
-        for w in writers.values():
-            w.abort()
-        _discard(tmp, created)
-        if isinstance(err, OSError):        # disk full, permissions, ...
-            raise PlanError(f"{out}: cannot write the prepared data: {err}") from err
-        raise
-    finally:
-        if bar is not None:
-            bar.stop()
-    return PrepareReport(
-        out_dir=out, sequences=total["sequences"], residues=total["residues"], tokens=total["tokens"],
-        skipped=dict(skipped), splits={s: {k: splits[s][k] for k in ("sequences", "residues", "tokens")} for s in SPLITS},
-        sources=sources, skipped_examples=examples, seconds=time.perf_counter() - t0)
+    return paths, out, max_len, seed, shard_tokens
 
 
-def _fresh_dir(parent: str, prefix: str) -> str:
-    """A new empty directory with the usual permissions (tempfile.mkdtemp's are 0700)."""
-    for _ in range(100):
-        path = os.path.join(parent, prefix + secrets.token_hex(4))
-        try:
-            os.mkdir(path)
-            return path
-        except FileExistsError:
+def _tokenise_file(ff: FastaFile, writers: dict[str, _SplitWriter], max_len: int, seed: int, val_fraction: float,
+                   skipped: Counter[str], examples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Add one file's records to the split writers, count its skipped ones into `skipped`
+    (and the first few into `examples`); its entry of the manifest's sources. PlanError when
+    no record is usable or the file holds nucleotide sequences."""
+    src_skipped: Counter[str] = Counter()
+    kept = residues = nucleotides = 0
+    first_bad = None
+    records_iter = ff.records(max_len)
+    for rec in records_iter:
+        if rec.skip is not None:
+            src_skipped[rec.skip] += 1
+            ex = {"file": ff.path, "line": rec.line, "id": rec.id, "reason": rec.skip, "detail": rec.detail}
+            first_bad = first_bad or ex
+            if len(examples) < _MAX_EXAMPLES:
+                examples.append(ex)
             continue
-    raise PlanError(f"{parent}: cannot create a temporary directory")
+        writers[split_of(rec.id, seed, val_fraction)].add(rec.tokens)
+        kept += 1
+        residues += rec.residues
+        nucleotides += rec.residues - len(rec.tokens[1:-1].translate(None, _NUCLEOTIDE_IDS))
+    records_iter.close()
+    records = kept + sum(src_skipped.values())
+    if kept == 0:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in src_skipped.items())
+        raise PlanError(
+            f"{ff.path}: none of its {records:,} records is usable ({reasons}); first: record "
+            f"{first_bad['id']!r} (line {first_bad['line']}): {first_bad['detail']}")
+    if residues >= _NUCLEOTIDE_MIN_RESIDUES and nucleotides >= _NUCLEOTIDE_FRACTION * residues:
+        raise PlanError(
+            f"{ff.path}: {nucleotides / residues:.0%} of residues are A/C/G/T/U/N: these look like "
+            "nucleotide sequences, not protein")
+    skipped.update(src_skipped)
+    return {"path": os.path.abspath(ff.path), "name": os.path.basename(ff.path),
+            "bytes": ff.size, "sha256": ff.sha256, "gzip": ff.compressed,
+            "records": records, "sequences": kept, "residues": residues,
+            "skipped": {k: v for k, v in src_skipped.items() if v}}
 
 
-def _makedirs(path: str) -> list[str]:
-    """os.makedirs, returning the directories it created (outermost first)."""
-    missing = []
-    p = path
-    while p and not os.path.exists(p):
-        missing.append(p)
-        p = os.path.dirname(p)
-    os.makedirs(path, exist_ok=True)
-    return list(reversed(missing))
-
-
-def _discard(tmp: str | None, created: list[str]) -> None:
-    """After a failed write: remove the temporary directory and the parents it created."""
-    if tmp is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-    for d in reversed(created):
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
-
-
-def _install(tmp: str, out: str) -> None:
-    if not os.path.exists(out):
-        os.rename(tmp, out)
-        return
-    old = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.old-{secrets.token_hex(4)}")
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+def _manifest(total: dict[str, int], splits: dict[str, dict[str, Any]], skipped: Counter[str],
+              examples: list[dict[str, Any]], sources: list[dict[str, Any]], max_len: int, val_fraction: float,
+              seed: int) -> dict[str, Any]:
+    return {
+        "format": FORMAT, "version": FORMAT_VERSION,
+        "vocabulary": {"tokens": list(TOKENS), "size": VOCAB_SIZE, "pad_id": PAD_ID, "bos_id": BOS_ID,
+                       "eos_id": TOKEN_TO_ID["<eos>"]},
+        "token_dtype": np.dtype(TOKEN_DTYPE).str,
+        "index_dtype": [[name, INDEX_DTYPE.fields[name][0].str] for name in INDEX_DTYPE.names],
+        "max_len": max_len, "val_fraction": val_fraction, "seed": seed,
+        "split_rule": "val if blake2b-64('{seed}\\0{record id}') / 2**64 < val_fraction",
+        "record_format": "<bos> residues <eos>; upper-cased; one terminal '*' dropped",
+        **total,
+        "splits": splits,
+        "skipped": dict(skipped),
+        "skipped_examples": examples,
+        "sources": sources,
+    }
 
 
 def _progress_bar():
