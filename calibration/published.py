@@ -1,6 +1,6 @@
 """Published training runs as data: the calibration set of `exaplan validate --published`.
 
-Each record is one published figure (/work/shared/reference/calibration-runs.md): the model,
+Each record is one published figure with its public source (`source`): the model,
 the machine preset, the layout the authors ran, the figure they measured and its kind, and
 how to turn the cost model's predicted step time into that figure's unit. Nothing here is
 predicted: calibration.validate_published runs the cost model on these records.
@@ -103,7 +103,7 @@ class PublishedRun(Spec):
     """One published figure and everything needed to predict it."""
 
     id: str = Field(description="Short unique id, section letter first.")
-    section: Literal["A", "B", "C", "D"] = Field(description="Section of calibration-runs.md.")
+    section: Literal["A", "B", "C", "D"] = Field(description="A: Megatron-LM README (DGX H100); B: Korthikanti et al. 2022 (DGX A100); C: MosaicML llm-foundry (H100); D: IBM fms-fsdp (A100).")
     source: str = Field(description="Where the figure was published.")
     model: ModelSpec
     machine: str = Field(description="Machine preset (machine_models/<name>.yaml).")
@@ -293,7 +293,7 @@ NOTE_C = (
     "FLOPs per token). FSDP FULL_SHARD over all GPUs, flash attention, bf16 autocast."
 )
 NOTE_C_FILLED = (
-    " Micro-batch, accumulation steps and activation checkpointing are '-' in calibration-runs.md; "
+    " Micro-batch, accumulation steps and activation checkpointing are not in this row's table; "
     "taken from the llm-foundry README row with the same model, GPUs, sequence length and "
     "throughput, and marked assumed."
 )
@@ -301,7 +301,7 @@ NOTE_C_FILLED = (
 
 def _section_c() -> list[PublishedRun]:
     # (model, layers, d, heads, gpus, micro-batch, gas, act ckpt, MFU (published), tokens/s
-    # per GPU, fields filled from the llm-foundry README because calibration-runs.md has '-')
+    # per GPU, fields filled from the llm-foundry README because this row's table has none)
     batch = ["layout.micro_batch", "layout.global_batch"]
     table = [
         ("mpt-70b", 80, 8192, 64, 64, 8, 4, True, 0.4257, 1039, []),
@@ -353,5 +353,5 @@ def _section_d() -> list[PublishedRun]:
 
 
 def published_runs() -> list[PublishedRun]:
-    """Every published run of calibration-runs.md, in section order (a fresh list)."""
+    """Every published run (sections A-D), in section order (a fresh list)."""
     return _section_a() + _section_b() + _section_c() + _section_d()

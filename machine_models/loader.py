@@ -27,7 +27,7 @@ LOCAL = "local"
 LOCAL_FILE = PRESET_DIR / f"{LOCAL}.yaml"
 DEFAULT_LOCAL_RANKS = 2
 
-# --- Defaults for the local CPU machine (cpu-field-notes.md: 2-core AMD EPYC, AVX2, gloo) ---
+# --- Defaults for the local CPU machine (measured on a 2-core AMD EPYC VM, AVX2, gloo) ---
 CPU_MATMUL_GFLOPS_PER_CORE = 65.0  # measured fp32 matmul 2048^3 on one thread (AVX2 EPYC)
 # With AVX-512 (e.g. this project's Xeon host): fp32 2048^3 on one thread, operands from memory.
 CPU_MATMUL_GFLOPS_PER_CORE_AVX512 = 150.0
@@ -103,7 +103,8 @@ def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
     """The machine running this command, as `ranks` CPU ranks on one node.
 
     Cores and memory are detected and split evenly between ranks; speeds are the uncalibrated
-    defaults from cpu-field-notes.md (a calibration run replaces them by writing local.yaml).
+    defaults measured on the project's 2-core VMs (a calibration run replaces them by writing
+    local.yaml).
     """
     if ranks < 1:
         raise PlanError(f"must be at least 1, got {ranks}", field="ranks")
@@ -127,7 +128,7 @@ def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
         description=(
             f"This machine, detected: {cores} cores, {memory_gib:.1f} GiB, split into {ranks} CPU ranks "
             f"({_cpu_model()}). Uncalibrated defaults: fp32 matmul {measured:g} GFLOP/s per core at "
-            "2048^3 (AVX2: cpu-field-notes.md; AVX-512: measured on the project's Xeon host), bf16/fp16 "
+            "2048^3 (AVX2: measured on a 2-core EPYC VM; AVX-512: on a 2-core Xeon VM), bf16/fp16 "
             "~200x slower, ~20 GB/s memory bandwidth shared, gloo on loopback ~0.8 GB/s with a 2.5 ms "
             "allreduce intercept; framework figures fitted from training runs (loader.py). Run a "
             "calibration to replace them."

@@ -1,4 +1,4 @@
-"""Model presets: the seed paper's protein LMs (seeds.md) and two small ones for CPU runs."""
+"""Model presets: the seed paper's protein LMs (MProt-DPO, SC24) and two small ones for CPU runs."""
 
 from __future__ import annotations
 

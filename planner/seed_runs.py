@@ -1,4 +1,4 @@
-"""The seed paper's runs (MProt-DPO, SC24; seeds.md): each system at the scale it reached,
+"""The seed paper's runs (MProt-DPO, SC24; MProt-DPO, SC24): each system at the scale it reached,
 with the layout its launch scripts used (data parallelism + ZeRO-1, micro-batch 8 for the
 3.5B model, sequence 512, no model parallelism). Used by the demo and the example plans."""
 

@@ -15,7 +15,7 @@ from planner.schema.specs import CollectiveLibrary, MachineModel, Precision, Top
 
 PRESETS = ["aurora", "alps", "frontier", "leonardo", "pdx", "dgx-a100-80gb", "dgx-h100"]
 
-# (devices per node, memory per device GiB, node injection GB/s, library) from seeds.md
+# (devices per node, memory per device GiB, node injection GB/s, library) from MProt-DPO, SC24
 SEEDS = {
     "aurora": (12, 64, 200, "oneccl"),
     "alps": (4, 96, 100, "nccl"),

@@ -172,7 +172,7 @@ def test_placement_aware_allreduce_uses_the_placement():
 
 
 def test_at_30k_ranks_ring_loses_to_rabenseifner_and_tree():
-    """The seed lesson (seeds.md, "Collectives at 30k+ ranks"): 30,000 ranks (2,500 Aurora
+    """The seed lesson (MProt-DPO, SC24, "Collectives at 30k+ ranks"): 30,000 ranks (2,500 Aurora
     nodes), 100 MB of gradients: ring's 2(n-1) latency steps dominate."""
     t = link_tiers(load_machine("aurora"))
     pl = comm.place(30_000, 1, t)
