@@ -98,7 +98,7 @@ class ZeroOptimizer(torch.optim.AdamW):
     An optimizer like any other to the trainer (step, zero_grad, param_groups for the
     learning-rate schedule, state_dict / load_state_dict in a per-rank form), plus
     `dcp_state_dict()` / `load_dcp_state_dict()` in a layout-independent form for
-    runtime/checkpoint.py, and the gradient access the handle needs: `finish_grad_sync`,
+    runtime/checkpoint/, and the gradient access the handle needs: `finish_grad_sync`,
     `grad_norm_squared`, `scale_grads_`. Construct it after the model is materialised and
     initialised (it hooks the parameters `to_empty` created, and 16-bit models take their
     fp32 master shard from the initial weights)."""

@@ -20,6 +20,7 @@ from torch import nn
 from planner.schema.errors import PlanError
 from planner.schema.specs import ModelSpec
 from runtime import checkpoint as ck
+from runtime.checkpoint import io as ck_io  # save's helpers: a test makes one fail
 from runtime.model import ProteinLM, init_weights, loss_fn
 
 SPEC = ModelSpec(name="ckpt-test", layers=3, hidden=64, heads=4, kv_heads=2, ffn_hidden=96, seq_len=32, vocab_size=32)
@@ -149,7 +150,7 @@ def test_single_process_round_trip_interrupted_save_and_pruning(tmp_path, monkey
     def boom(*a, **k):
         raise RuntimeError("killed during save")
 
-    monkeypatch.setattr(ck, "_write_rank_items", boom)
+    monkeypatch.setattr(ck_io, "_write_rank_items", boom)
     with pytest.raises(RuntimeError, match="killed"):
         ck.save(tmp_path, 2, [m], opt, {"seed": 5})
     monkeypatch.undo()
@@ -240,15 +241,15 @@ def _two_rank_worker(rank: int, world: int, store: str, out: str) -> None:
 
         # Every rank dies after DCP wrote its shards, before COMPLETE: the save must not count.
         train_step(m, opt, 1, rank, world)
-        real = ck._write_rank_items
-        ck._write_rank_items = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed during save"))
+        real = ck_io._write_rank_items
+        ck_io._write_rank_items = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed during save"))
         try:
             ck.save(root, 2, [m], opt, {"seed": 7})
             raise AssertionError("the save should have failed")
         except RuntimeError as e:
             assert "killed" in str(e)
         finally:
-            ck._write_rank_items = real
+            ck_io._write_rank_items = real
         dist.barrier()
         assert (root / "step-00000002.tmp").is_dir() and (root / "step-00000002.tmp" / ".metadata").is_file()
         assert ck.latest(root) == p1
