@@ -12,10 +12,10 @@
     out_dir/tensorboard/    the same scalars, if the `tensorboard` package is installed
 
 Throughput follows the planner's definitions (planner/cost/step.py), so that measured and
-predicted compare like for like: model FLOPs per token from
-`planner.cost.flops.model_flops_per_token(plan.model, plan.job.seq_len)` (forward + backward,
-no recompute; for DPO with the reference in the step, plus its forward,
-`reference_flops_per_token`, as the planner counts it), model TFLOP/s per device = tokens x that / step time / devices, MFU = that /
+predicted compare like for like: model FLOPs per token = the plan's
+`prediction.model_flops_per_step / job.tokens_per_step` (forward + backward, no recompute;
+for DPO with the reference in the step, plus its forward, as the planner counts it), model
+TFLOP/s per device = tokens x that / step time / devices, MFU = that /
 `plan.machine.peak_flops(plan.job.precision)`. "Devices" are the plan's ranks
 (plan.world_size). The measured step time is the median over the steps after warm-up (the
 first `warmup_steps` = 2 steps logged by this process are left out: allocator, caches, lazy
@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planner.cost.flops import model_flops_per_token, reference_flops_per_token
 from planner.schema.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -92,11 +91,9 @@ def describe_peak_memory(device=None) -> str:
 
 def flops_per_token(plan: Plan) -> float:
     """Model FLOPs per trained token as the planner counts them: the policy's forward +
-    backward, plus the frozen reference's forward when a dpo plan runs it in the step."""
-    f = model_flops_per_token(plan.model, plan.job.seq_len)
-    if plan.job.reference_in_step:
-        f += reference_flops_per_token(plan.model, plan.job.seq_len)
-    return f
+    backward, plus the frozen reference's forward when a dpo plan runs it in the step (the
+    plan's prediction carries them per step)."""
+    return plan.prediction.model_flops_per_step / plan.job.tokens_per_step
 
 
 def throughput(plan: Plan, tokens: float, step_time_s: float) -> dict[str, float]:

@@ -10,7 +10,9 @@ import contextlib
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from planner.schema.errors import PlanError
 
@@ -79,16 +81,73 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in order
+def train(args) -> int:
+    """Apply the plan in its numbered steps; the helpers below do one step (or a few) each."""
+    import torch.distributed as dist
+
+    from runtime.mesh import build_mesh
+
+    # 1. The plan, and this rank's place in it.
+    plan, device, rank, owns_group = _join(args)
+    out = Path(args.out)
+
+    # 2. The mesh: pp, dp_replicate, dp_shard, cp, tp (+ flattened dp, dp_shard_cp, dp_cp).
+    mesh = build_mesh(plan, device.type)
+
+    # 3-6. The model, parallelised and initialised (build_model, below); --init: its weights.
+    parts, handles = build_model(plan, mesh, device, args.seed, compile_blocks=args.compile)
+    if args.init and not args.resume:
+        from runtime import checkpoint
+        from runtime.dpo import resolve_checkpoint
+
+        checkpoint.load(resolve_checkpoint(args.init), parts, None, restore_rng=False)
+    # One AdamW per model part (interleaved pipelines hold several), stepped together.
+    optimizers = [h.build_optimizer(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1) for h in handles]
+
+    # 7. The task: its data (this data-parallel rank's slice of every global batch), the
+    #    forward and backward of a step, validation. DPO: runtime/dpo.py.
+    if plan.job.workload.value == "dpo":
+        from runtime.dpo import DPOTask
+
+        task = DPOTask(args, plan, mesh, device, parts, handles, out, build_model)
+    else:
+        task = _Pretrain(args, plan, mesh, device, parts, handles, out, rank)
+    run = _Run(args, plan, mesh, device, rank, parts, handles, optimizers, task, out / "checkpoints")
+
+    # 8. Resume: model, optimizer, data position, RNG (reshards to this layout).
+    start_step = _resume(run) if args.resume else 0
+    run.writer = _open_run_folder(run, out)
+    if args.io_mode == "io-only":
+        from runtime.loader import measure_io
+
+        result = measure_io(task.loader, args.steps * plan.grad_accumulation_steps)
+        if rank == 0:
+            print(f"io-only: {result}")
+    else:
+        # 9. Train: micro-batches accumulate without synchronising until the last one.
+        for step in range(start_step, args.steps):
+            _train_step(run, step)
+
+        # 10. The end: last checkpoint, validation, measured against predicted.
+        val = task.validate()
+        if isinstance(val, dict):  # DPO: the final metrics get their own record (pretraining: summary only)
+            run.writer.log_dpo_validation(args.steps - 1, val)
+        run.save(args.steps)
+        run.writer.finish(_final_summary(val))
+    if owns_group:
+        dist.destroy_process_group()
+    return 0
+
+
+def _join(args):
+    """Step 1: (the plan, this rank's device, its global rank, whether this process started
+    the process group and so ends it)."""
     import torch
     import torch.distributed as dist
 
     from planner.schema.plan import load_plan
-    from runtime import checkpoint, launch, metrics
-    from runtime.mesh import build_mesh
-    from runtime.parallel import clip_grad_norm_
+    from runtime import launch
 
-    # 1. The plan, and this rank's place in it.
     plan = load_plan(args.plan)
     renv = launch.detect()
     if renv is None:
@@ -100,105 +159,104 @@ def train(args) -> int:  # noqa: C901 - the steps below are the trainer, in orde
         print(f"warning: a {plan.job.precision.value} plan on a CPU: bf16/fp16 matmuls run about 200x slower here; "
               "plan with --precision fp32 for CPU runs", file=sys.stderr)
     torch.manual_seed(args.seed + rank)
-    out = Path(args.out)
+    return plan, device, rank, owns_group
 
-    # 2. The mesh: pp, dp_replicate, dp_shard, cp, tp (+ flattened dp, dp_shard_cp, dp_cp).
-    mesh = build_mesh(plan, device.type)
 
-    # 3-6. The model, parallelised and initialised (build_model, below); --init: its weights.
-    parts, handles = build_model(plan, mesh, device, args.seed, compile_blocks=args.compile)
-    if args.init and not args.resume:
-        from runtime.dpo import resolve_checkpoint
+@dataclass
+class _Run:
+    """What the steps of a run share, once built (steps 1-7)."""
 
-        checkpoint.load(resolve_checkpoint(args.init), parts, None, restore_rng=False)
-    # One AdamW per model part (interleaved pipelines hold several), stepped together.
-    optimizers = [h.build_optimizer(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1) for h in handles]
-    optimizer = optimizers[0] if len(optimizers) == 1 else optimizers  # what checkpoints save
+    args: argparse.Namespace
+    plan: Any
+    mesh: Any
+    device: Any
+    rank: int
+    parts: list
+    handles: list
+    optimizers: list
+    task: Any
+    ckpt_dir: Path
+    writer: Any = None
 
-    # 7. The task: its data (this data-parallel rank's slice of every global batch), the
-    #    forward and backward of a step, validation. DPO: runtime/dpo.py.
-    if plan.job.workload.value == "dpo":
-        from runtime.dpo import DPOTask
+    @property
+    def optimizer(self):
+        """What checkpoints save: the optimizer, or the list of them (one per model part)."""
+        return self.optimizers[0] if len(self.optimizers) == 1 else self.optimizers
 
-        task = DPOTask(args, plan, mesh, device, parts, handles, out, build_model)
-    else:
-        task = _Pretrain(args, plan, mesh, device, parts, handles, out, rank)
+    def save(self, step: int) -> None:
+        from runtime import checkpoint
 
-    # 8. Resume: model, optimizer, data position, RNG (reshards to this layout).
-    start_step = 0
-    ckpt_dir = out / "checkpoints"
-    if args.resume:
-        latest = checkpoint.latest(ckpt_dir)
-        if latest is None:
-            raise PlanError(f"--resume: no complete checkpoint in {ckpt_dir}", field="resume")
-        extra = checkpoint.load(latest, parts, optimizer, seed=args.seed)
-        task.load_state_dict(extra["data"])
-        start_step = int(extra["step"])
+        checkpoint.save(self.ckpt_dir, step, self.parts, self.optimizer,
+                        {"data": self.task.state_dict(), "step": step, "seed": self.args.seed})
 
-    if not args.resume and rank == 0:
+
+def _resume(run: _Run) -> int:
+    """Step 8: load the latest checkpoint of --out; the step to continue from."""
+    from runtime import checkpoint
+
+    latest = checkpoint.latest(run.ckpt_dir)
+    if latest is None:
+        raise PlanError(f"--resume: no complete checkpoint in {run.ckpt_dir}", field="resume")
+    extra = checkpoint.load(latest, run.parts, run.optimizer, seed=run.args.seed)
+    run.task.load_state_dict(extra["data"])
+    return int(extra["step"])
+
+
+def _open_run_folder(run: _Run, out: Path):
+    """The run folder (rank 0: a fresh metrics.jsonl unless resuming, a copy of the plan, so
+    that `exaplan calibrate --from-runs` can refit from it) and the metrics writer."""
+    from runtime import metrics
+
+    if not run.args.resume and run.rank == 0:
         (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run starts a fresh log
-    if rank == 0:  # the run folder keeps its plan, so `exaplan calibrate --from-runs` can refit from it
+    if run.rank == 0:
         import shutil
 
         out.mkdir(parents=True, exist_ok=True)
-        if Path(args.plan).resolve() != (out / "plan.yaml").resolve():
-            shutil.copyfile(args.plan, out / "plan.yaml")
-    writer = metrics.MetricsWriter(out, plan, enabled=rank == 0, device=device)
-    if args.io_mode == "io-only":
-        from runtime.loader import measure_io
+        if Path(run.args.plan).resolve() != (out / "plan.yaml").resolve():
+            shutil.copyfile(run.args.plan, out / "plan.yaml")
+    return metrics.MetricsWriter(out, run.plan, enabled=run.rank == 0, device=run.device)
 
-        result = measure_io(task.loader, args.steps * plan.grad_accumulation_steps)
-        if rank == 0:
-            print(f"io-only: {result}")
-        if owns_group:
-            dist.destroy_process_group()
-        return 0
 
-    # 9. Train: micro-batches accumulate without synchronising until the last one.
-    def save(step: int) -> None:
-        checkpoint.save(ckpt_dir, step, parts, optimizer, {"data": task.state_dict(), "step": step, "seed": args.seed})
+def _train_step(run: _Run, step: int) -> None:
+    """Step 9, once: the learning rate, forward and backward, clipping, the optimizer step;
+    then the step's metrics, validation and checkpoint when due."""
+    import torch
 
-    for step in range(start_step, args.steps):
-        for opt in optimizers:
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, args)
-        t0 = time.perf_counter()
-        task.step()
-        t1 = time.perf_counter()  # on GPUs the phases are launch times; the step time is synchronised
-        grad_norm = clip_grad_norm_(handles, 1.0)
-        t2 = time.perf_counter()
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        step_time = time.perf_counter() - t0
-        phases = {"forward_backward_s": t1 - t0, "clip_s": t2 - t1, "optimizer_s": t0 + step_time - t2}
-        loss, stats = task.step_metrics()  # the global batch's loss (and the DPO metrics)
-        peak = _max_over_ranks(metrics.peak_memory_bytes(device), device)
-        writer.log_step(step, loss, task.tokens_per_step, step_time, peak, lr_at(step, args), grad_norm, phases=phases)
-        if stats:
-            writer.log_dpo_step(step, stats)
-        if args.log_samples:
-            _log_samples(writer, step, task.seen, mesh)
-        _fault_injection(step, rank)
-        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
-            more = f"  reward acc {stats['reward_accuracy']:.3f}  margin {stats['reward_margin']:+.4f}" if stats else ""
-            print(f"step {step:5d}  loss {loss:.4f}{more}  {step_time * 1e3:8.1f} ms/step", flush=True)
-        if args.val_every and (step + 1) % args.val_every == 0 and step + 1 < args.steps:
-            _log_validation(writer, step, task.validate())
-        if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
-            save(step + 1)
+    from runtime import metrics
+    from runtime.parallel import clip_grad_norm_
 
-    # 10. The end: last checkpoint, validation, measured against predicted.
-    val = task.validate()
-    if isinstance(val, dict):  # DPO: the final metrics get their own record (pretraining: summary only)
-        writer.log_dpo_validation(args.steps - 1, val)
-    save(args.steps)
-    writer.finish(_final_summary(val))
-    if owns_group:
-        dist.destroy_process_group()
-    return 0
+    args, task, writer = run.args, run.task, run.writer
+    for opt in run.optimizers:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args)
+    t0 = time.perf_counter()
+    task.step()
+    t1 = time.perf_counter()  # on GPUs the phases are launch times; the step time is synchronised
+    grad_norm = clip_grad_norm_(run.handles, 1.0)
+    t2 = time.perf_counter()
+    for opt in run.optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if run.device.type == "cuda":
+        torch.cuda.synchronize()
+    step_time = time.perf_counter() - t0
+    phases = {"forward_backward_s": t1 - t0, "clip_s": t2 - t1, "optimizer_s": t0 + step_time - t2}
+    loss, stats = task.step_metrics()  # the global batch's loss (and the DPO metrics)
+    peak = _max_over_ranks(metrics.peak_memory_bytes(run.device), run.device)
+    writer.log_step(step, loss, task.tokens_per_step, step_time, peak, lr_at(step, args), grad_norm, phases=phases)
+    if stats:
+        writer.log_dpo_step(step, stats)
+    if args.log_samples:
+        _log_samples(writer, step, task.seen, run.mesh)
+    _fault_injection(step, run.rank)
+    if run.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+        more = f"  reward acc {stats['reward_accuracy']:.3f}  margin {stats['reward_margin']:+.4f}" if stats else ""
+        print(f"step {step:5d}  loss {loss:.4f}{more}  {step_time * 1e3:8.1f} ms/step", flush=True)
+    if args.val_every and (step + 1) % args.val_every == 0 and step + 1 < args.steps:
+        _log_validation(writer, step, task.validate())
+    if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
+        run.save(step + 1)
 
 
 def _log_validation(writer, step: int, val) -> None:

@@ -272,26 +272,8 @@ def build_schedule(chunks: Sequence[nn.Module], plan: Plan, pp_mesh_or_group, de
     lack them. normalization: "microbatch" (default, the non-pipelined trainer's) or "token";
     see the module docstring.
     """
-    if plan.mesh.pp == 1 or plan.pipeline.schedule is None:
-        raise ValueError("build_schedule needs a plan with pp > 1 (pp == 1 runs the model directly)")
-    if normalization not in ("token", "microbatch"):
-        raise ValueError(f"normalization must be 'token' or 'microbatch', not {normalization!r}")
-    if n_microbatches < 1:
-        raise ValueError("n_microbatches must be >= 1")
+    group, mine, schedule_cls = _check_schedule(chunks, plan, pp_mesh_or_group, n_microbatches, normalization)
     device = torch.device(device)
-    group = _pp_group(pp_mesh_or_group)
-    pp = plan.mesh.pp
-    if dist.get_world_size(group) != pp:
-        raise ValueError(f"the pp group has {dist.get_world_size(group)} ranks, the plan's pp is {pp}")
-    pp_rank = dist.get_rank(group)
-    mine = stages_of_rank(plan, pp_rank)
-    if len(chunks) != len(mine):
-        raise ValueError(f"pp rank {pp_rank} runs {len(mine)} stages but got {len(chunks)} chunks")
-    schedule_cls = _SCHEDULES[plan.pipeline.schedule]
-    if schedule_cls is ScheduleInterleaved1F1B and n_microbatches % pp:
-        raise ValueError(f"interleaved-1f1b needs n_microbatches ({n_microbatches}) divisible by pp ({pp})")
-    if schedule_cls is not ScheduleInterleaved1F1B and len(chunks) != 1:
-        raise ValueError(f"{plan.pipeline.schedule.value} runs one chunk per rank, got {len(chunks)}")
 
     spec = plan.model
     mbs, seq = microbatch_shape
@@ -301,22 +283,8 @@ def build_schedule(chunks: Sequence[nn.Module], plan: Plan, pp_mesh_or_group, de
     hidden_shape = tuple(activation_shape or (mbs, seq_local, spec.hidden))
     out_shape = tuple(logits_shape or (mbs, seq, spec.vocab_size))
     dtype = activation_dtype or _default_activation_dtype(chunks)
-    n_stages = len(plan.pipeline.stages)
-    stages = []
-    for chunk, (index, st) in zip(chunks, mine):
-        inner = _unwrap(chunk)
-        if isinstance(inner, ProteinLM) and inner.rope_cos is None and inner.spec.position == "rope":
-            inner.setup_rope(device)
-        # Static metadata: torch takes requires_grad from these examples (a float activation
-        # without it would get no gradient sent back), so floating ones require grad.
-        if index == 0:
-            x = torch.empty((mbs, seq), dtype=torch.long, device=device)
-        else:
-            x = torch.empty(hidden_shape, dtype=dtype, device=device, requires_grad=True)
-        y = torch.empty(out_shape if index == n_stages - 1 else hidden_shape, dtype=dtype, device=device,
-                        requires_grad=True)
-        stages.append(PipelineStage(chunk, index, n_stages, device, input_args=(x,), output_args=(y,), group=group))
-
+    stages = [_stage(chunk, index, len(plan.pipeline.stages), device, group, (mbs, seq), hidden_shape, out_shape, dtype)
+              for chunk, (index, _) in zip(chunks, mine)]
     runner: PipelineRunner | None = None
 
     def stage_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -334,3 +302,47 @@ def build_schedule(chunks: Sequence[nn.Module], plan: Plan, pp_mesh_or_group, de
     runner = PipelineRunner(schedule, stages, list(chunks), group, n_microbatches, (mbs, seq), hidden_shape, dtype,
                             loss_fn, normalization, broadcast_loss, device)
     return runner
+
+
+def _check_schedule(chunks: Sequence[nn.Module], plan: Plan, pp_mesh_or_group, n_microbatches: int,
+                    normalization: str) -> tuple[dist.ProcessGroup, list[tuple[int, StageAssignment]], type]:
+    """build_schedule's checks: (the pp group, this pp rank's stages, the schedule class);
+    ValueError when the plan, the pp group, the chunks and the arguments do not fit together."""
+    if plan.mesh.pp == 1 or plan.pipeline.schedule is None:
+        raise ValueError("build_schedule needs a plan with pp > 1 (pp == 1 runs the model directly)")
+    if normalization not in ("token", "microbatch"):
+        raise ValueError(f"normalization must be 'token' or 'microbatch', not {normalization!r}")
+    if n_microbatches < 1:
+        raise ValueError("n_microbatches must be >= 1")
+    group = _pp_group(pp_mesh_or_group)
+    pp = plan.mesh.pp
+    if dist.get_world_size(group) != pp:
+        raise ValueError(f"the pp group has {dist.get_world_size(group)} ranks, the plan's pp is {pp}")
+    pp_rank = dist.get_rank(group)
+    mine = stages_of_rank(plan, pp_rank)
+    if len(chunks) != len(mine):
+        raise ValueError(f"pp rank {pp_rank} runs {len(mine)} stages but got {len(chunks)} chunks")
+    schedule_cls = _SCHEDULES[plan.pipeline.schedule]
+    if schedule_cls is ScheduleInterleaved1F1B and n_microbatches % pp:
+        raise ValueError(f"interleaved-1f1b needs n_microbatches ({n_microbatches}) divisible by pp ({pp})")
+    if schedule_cls is not ScheduleInterleaved1F1B and len(chunks) != 1:
+        raise ValueError(f"{plan.pipeline.schedule.value} runs one chunk per rank, got {len(chunks)}")
+    return group, mine, schedule_cls
+
+
+def _stage(chunk: nn.Module, index: int, n_stages: int, device: torch.device, group, token_shape: tuple[int, int],
+           hidden_shape: tuple[int, ...], out_shape: tuple[int, ...], dtype: torch.dtype) -> PipelineStage:
+    """Stage `index` over `chunk`, with static input and output shapes (rotary tables set up
+    if the chunk lacks them)."""
+    inner = _unwrap(chunk)
+    if isinstance(inner, ProteinLM) and inner.rope_cos is None and inner.spec.position == "rope":
+        inner.setup_rope(device)
+    # Static metadata: torch takes requires_grad from these examples (a float activation
+    # without it would get no gradient sent back), so floating ones require grad.
+    if index == 0:
+        x = torch.empty(token_shape, dtype=torch.long, device=device)
+    else:
+        x = torch.empty(hidden_shape, dtype=dtype, device=device, requires_grad=True)
+    y = torch.empty(out_shape if index == n_stages - 1 else hidden_shape, dtype=dtype, device=device,
+                    requires_grad=True)
+    return PipelineStage(chunk, index, n_stages, device, input_args=(x,), output_args=(y,), group=group)

@@ -29,6 +29,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dist_helpers import run_on_ranks  # noqa: E402
+from planner.cost.flops import step_flops  # noqa: E402
 from planner.schema.errors import PlanError  # noqa: E402
 from planner.schema.plan import Plan, load_plan, write_plan  # noqa: E402
 from planner.schema.specs import ModelSpec, Workload  # noqa: E402
@@ -91,6 +92,8 @@ def make_plan(world: int, *, pp: int = 1, dp_replicate: int = 1, dp_shard: int =
         for i in range(stages)]}
     plan = Plan.model_validate(d)
     plan.job = plan.job.model_copy(update={"workload": workload})
+    # The metrics' model FLOPs come from the prediction: this model's and this job's, not the example's.
+    plan.prediction.model_flops_per_step = step_flops(plan.model, plan.job)["executed"]
     return plan
 
 
