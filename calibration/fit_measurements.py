@@ -277,65 +277,46 @@ class CalibrationFit:
         return out
 
 
-def fit_details(meas: dict[str, Any], base: MachineModel) -> CalibrationFit:
-    """All fits, and the calibrated copy of `base` (see the module docstring)."""
-    validate_measurements(meas)
-    update: dict[str, Any] = {}
-    device_type = meas.get("device_type", "cpu")
-
-    # --- matmul ---
+def _fit_matmul(meas: dict[str, Any], base: MachineModel, device_type: str) -> tuple[MatmulFit | None, dict[str, float], dict[str, Any]]:
+    """(the curve's fit, the other precisions' peaks, the machine fields they set): the curve
+    from the precision with the most GEMM sizes, each other precision's peak from the same
+    curve."""
+    rows = meas["matmul"]
     mfit, others = None, {}
-    if "matmul" in meas:
-        rows = meas["matmul"]
-        by_prec: dict[str, list[dict]] = {}
-        for r in rows:
-            by_prec.setdefault(str(r["precision"]), []).append(r)
-        curve_prec = max(by_prec, key=lambda p: (len({r["d"] for r in by_prec[p]}), p == "bf16"))
-        pts = by_prec[curve_prec]
-        if len({r["d"] for r in pts}) >= 2:
-            nominal = (meas.get("nominal_peak_tflops") or {}).get(curve_prec)
-            if nominal is None and device_type != "cpu" and not base.calibrated:
-                nominal = base.peak_tflops.get(Precision(curve_prec))  # a datasheet peak
-            mfit = fit_matmul_curve([r["d"] for r in pts], [r["tflops"] * 1e12 for r in pts],
-                                    peak_flops=nominal * 1e12 if nominal else None,
-                                    peak_fraction=base.matmul_efficiency.peak_fraction, precision=curve_prec)
-            eff = MatmulEfficiency(peak_fraction=mfit.peak_fraction, half_dim=mfit.half_dim)
-        else:
-            eff = base.matmul_efficiency
-        peaks = dict(base.peak_tflops)
-        if mfit:
-            peaks[Precision(curve_prec)] = mfit.peak_flops / 1e12
-        for prec, pr in by_prec.items():
-            if mfit and prec == curve_prec:
-                continue
-            # Same curve, this precision's own peak: the median of achieved / eff(d).
-            ratios = [r["tflops"] / (eff.peak_fraction * r["d"] / (r["d"] + eff.half_dim)) for r in pr]
-            others[prec] = float(np.median(ratios))
-            peaks[Precision(prec)] = others[prec]
-        update["peak_tflops"] = peaks
-        update["matmul_efficiency"] = eff
+    by_prec: dict[str, list[dict]] = {}
+    for r in rows:
+        by_prec.setdefault(str(r["precision"]), []).append(r)
+    curve_prec = max(by_prec, key=lambda p: (len({r["d"] for r in by_prec[p]}), p == "bf16"))
+    pts = by_prec[curve_prec]
+    if len({r["d"] for r in pts}) >= 2:
+        nominal = (meas.get("nominal_peak_tflops") or {}).get(curve_prec)
+        if nominal is None and device_type != "cpu" and not base.calibrated:
+            nominal = base.peak_tflops.get(Precision(curve_prec))  # a datasheet peak
+        mfit = fit_matmul_curve([r["d"] for r in pts], [r["tflops"] * 1e12 for r in pts],
+                                peak_flops=nominal * 1e12 if nominal else None,
+                                peak_fraction=base.matmul_efficiency.peak_fraction, precision=curve_prec)
+        eff = MatmulEfficiency(peak_fraction=mfit.peak_fraction, half_dim=mfit.half_dim)
+    else:
+        eff = base.matmul_efficiency
+    peaks = dict(base.peak_tflops)
+    if mfit:
+        peaks[Precision(curve_prec)] = mfit.peak_flops / 1e12
+    for prec, pr in by_prec.items():
+        if mfit and prec == curve_prec:
+            continue
+        # Same curve, this precision's own peak: the median of achieved / eff(d).
+        ratios = [r["tflops"] / (eff.peak_fraction * r["d"] / (r["d"] + eff.half_dim)) for r in pr]
+        others[prec] = float(np.median(ratios))
+        peaks[Precision(prec)] = others[prec]
+    return mfit, others, {"peak_tflops": peaks, "matmul_efficiency": eff}
 
-    # --- memory ---
-    mem = None
-    if "memory" in meas:
-        mem = float(meas["memory"]["gbyte_s_per_device"])
-        update["memory_bandwidth_gbyte_s"] = mem
 
-    # --- optimizer: one AdamW step, as bytes of memory traffic per parameter ---
-    if "optimizer" in meas:
-        o = meas["optimizer"]
-        bandwidth = mem if mem is not None else base.memory_bandwidth_gbyte_s
-        per_param = float(o["seconds"]) / float(o["params"])
-        if per_param > 0:
-            update["optimizer_bytes_per_param"] = per_param * bandwidth * 1e9
-
-    # --- collectives ---
-    fits: dict[str, AlphaBetaFit] = {}
-    for kind, s in (meas.get("collectives") or {}).items():
-        fits[kind] = fit_alpha_beta_detail(s["bytes"], s["times_s"], int(s.get("n", meas.get("ranks", 2))), kind)
-    nodes = int(meas.get("nodes", 1))
-    scope = "inter-node" if nodes > 1 else "intra-node"
-    source = next((k for k in ("allreduce", "reduce_scatter", "all_gather", "p2p") if k in fits), None)
+def _network_figures(meas: dict[str, Any], base: MachineModel, fits: dict[str, AlphaBetaFit],
+                     source: str | None, nodes: int) -> dict[str, Any]:
+    """The machine's latency and bandwidth fields from the `source` fit (intra- or inter-node
+    by the number of nodes measured), and the efficiency of reduce-scatter and all-gather
+    against the allreduce the link figures came from."""
+    update: dict[str, Any] = {}
     if source:
         f = fits[source]
         eff_net = base.network_efficiency or 1.0
@@ -359,6 +340,42 @@ def fit_details(meas: dict[str, Any], base: MachineModel) -> CalibrationFit:
                 for k in ("reduce_scatter", "all_gather") if k in fits}
         if ceff:
             update["collective_efficiency"] = {**base.collective_efficiency.model_dump(), **ceff}
+    return update
+
+
+def fit_details(meas: dict[str, Any], base: MachineModel) -> CalibrationFit:
+    """All fits, and the calibrated copy of `base` (see the module docstring)."""
+    validate_measurements(meas)
+    update: dict[str, Any] = {}
+    device_type = meas.get("device_type", "cpu")
+
+    mfit, others = None, {}
+    if "matmul" in meas:
+        mfit, others, matmul_update = _fit_matmul(meas, base, device_type)
+        update.update(matmul_update)
+
+    # --- memory ---
+    mem = None
+    if "memory" in meas:
+        mem = float(meas["memory"]["gbyte_s_per_device"])
+        update["memory_bandwidth_gbyte_s"] = mem
+
+    # --- optimizer: one AdamW step, as bytes of memory traffic per parameter ---
+    if "optimizer" in meas:
+        o = meas["optimizer"]
+        bandwidth = mem if mem is not None else base.memory_bandwidth_gbyte_s
+        per_param = float(o["seconds"]) / float(o["params"])
+        if per_param > 0:
+            update["optimizer_bytes_per_param"] = per_param * bandwidth * 1e9
+
+    # --- collectives ---
+    fits: dict[str, AlphaBetaFit] = {}
+    for kind, s in (meas.get("collectives") or {}).items():
+        fits[kind] = fit_alpha_beta_detail(s["bytes"], s["times_s"], int(s.get("n", meas.get("ranks", 2))), kind)
+    nodes = int(meas.get("nodes", 1))
+    scope = "inter-node" if nodes > 1 else "intra-node"
+    source = next((k for k in ("allreduce", "reduce_scatter", "all_gather", "p2p") if k in fits), None)
+    update.update(_network_figures(meas, base, fits, source, nodes))
 
     # --- a CPU run for another rank count re-splits the node ---
     ranks = int(meas.get("ranks", base.devices_per_node))

@@ -95,7 +95,7 @@ GRID_KEEP = 1
 # The exposed-traffic terms are max(traffic - overlap x compute, floor): flat in overlap.dp
 # where every row of a framework sits at its floor, so a gradient cannot leave such a
 # stretch. After the gradient fit, each framework's overlap.dp is scanned over OVERLAP_SCAN
-# with its step overhead re-chosen on OVERHEAD_SCAN (see fit_published).
+# with its step overhead re-chosen on OVERHEAD_SCAN (see _refit_from_scans).
 OVERLAP_SCAN = tuple(np.round(np.arange(0.1, 1.0001, 0.05), 3))
 OVERHEAD_SCAN = tuple(np.round(np.arange(0.0, 0.5001, 0.01), 3))
 # Device kinds that share fitted figures with a fitted kind (no published rows of their own).
@@ -187,95 +187,139 @@ def _from_x(name: str, x: float) -> float:
     return float(math.exp(x) if name == "half_dim" else x)
 
 
-def fit_published(runs: list[PublishedRun] | None = None, *, times: StepTimes | None = None) -> Fit:
-    """Fit DEVICE_FIGURES per device kind and FRAMEWORK_FIGURES per framework, jointly, to
-    `runs` (default: every published run). `times`: a memo to reuse (it must hold the
-    machines the runs name)."""
-    from scipy.optimize import least_squares  # only the fit needs scipy
+@dataclass
+class _Problem:
+    """The least-squares problem of `fit_published`. The parameter vector holds (group,
+    figure) pairs, device kinds first, in fit coordinates (`_to_x`); the residuals are every
+    run's log error, then the weak pull of each parameter towards its first guess."""
 
-    runs = published_runs() if runs is None else list(runs)
-    if times is None:
-        times = StepTimes(machines_of(runs))
-    device_of = {r.id: times.machines[r.machine].device_name for r in runs}
-    kinds = sorted(set(device_of.values()))
-    frameworks = sorted({r.framework for r in runs})
-    # The parameter vector: (group, figure) pairs, device kinds first.
-    params = [(k, n) for k in kinds for n in DEVICE_FIGURES] + [(f, n) for f in frameworks for n in FRAMEWORK_FIGURES]
-    prior = {}
-    for k in kinds:
-        machine = times.machines[next(r.machine for r in runs if device_of[r.id] == k)]
-        guess = FIRST_GUESSES.get(k, figures_of(machine))
-        prior.update({(k, n): guess[n] for n in DEVICE_FIGURES})
-    for f in frameworks:
-        prior.update({(f, n): FRAMEWORK_FIRST_GUESSES[f][n] for n in FRAMEWORK_FIGURES})
-    lo = np.array([_to_x(n, BOUNDS[n][0]) for _, n in params])
-    hi = np.array([_to_x(n, BOUNDS[n][1]) for _, n in params])
-    x_prior = np.array([_to_x(n, prior[(g, n)]) for g, n in params])
-    x0 = np.clip(x_prior, lo + 1e-9, hi - 1e-9)
-    published = np.array([r.figure for r in runs])
+    runs: list[PublishedRun]
+    times: StepTimes
+    device_of: dict[str, str]  # run id -> device kind
+    kinds: list[str]
+    frameworks: list[str]
+    params: list[tuple[str, str]]
+    lo: np.ndarray
+    hi: np.ndarray
+    x_prior: np.ndarray
+    published: np.ndarray
+    pairs: list[tuple[str, str]]  # the (device kind, framework) pairs of the runs
 
-    def unpack(x) -> Fit:
-        dev = {k: {} for k in kinds}
-        fw = {f: {} for f in frameworks}
-        for (g, n), v in zip(params, x):
+    @classmethod
+    def of(cls, runs: list[PublishedRun], times: StepTimes) -> "_Problem":
+        device_of = {r.id: times.machines[r.machine].device_name for r in runs}
+        kinds = sorted(set(device_of.values()))
+        frameworks = sorted({r.framework for r in runs})
+        params = [(k, n) for k in kinds for n in DEVICE_FIGURES] + [(f, n) for f in frameworks for n in FRAMEWORK_FIGURES]
+        prior = {}
+        for k in kinds:
+            machine = times.machines[next(r.machine for r in runs if device_of[r.id] == k)]
+            guess = FIRST_GUESSES.get(k, figures_of(machine))
+            prior.update({(k, n): guess[n] for n in DEVICE_FIGURES})
+        for f in frameworks:
+            prior.update({(f, n): FRAMEWORK_FIRST_GUESSES[f][n] for n in FRAMEWORK_FIGURES})
+        return cls(
+            runs=runs, times=times, device_of=device_of, kinds=kinds, frameworks=frameworks, params=params,
+            lo=np.array([_to_x(n, BOUNDS[n][0]) for _, n in params]),
+            hi=np.array([_to_x(n, BOUNDS[n][1]) for _, n in params]),
+            x_prior=np.array([_to_x(n, prior[(g, n)]) for g, n in params]),
+            published=np.array([r.figure for r in runs]),
+            pairs=sorted({(device_of[r.id], r.framework) for r in runs}),
+        )
+
+    def x0(self) -> np.ndarray:
+        """The first guesses, just inside the bounds."""
+        return np.clip(self.x_prior, self.lo + 1e-9, self.hi - 1e-9)
+
+    def unpack(self, x) -> Fit:
+        dev = {k: {} for k in self.kinds}
+        fw = {f: {} for f in self.frameworks}
+        for (g, n), v in zip(self.params, x):
             (dev if g in dev else fw)[g][n] = _from_x(n, v)
         return Fit(dev, fw)
 
-    pairs = sorted({(device_of[r.id], r.framework) for r in runs})
+    def residuals(self, x) -> np.ndarray:
+        fit = self.unpack(x)
+        figs = {pair: fit.figures(*pair) for pair in self.pairs}
+        pred = np.array([self.times.figure(r, figs[self.device_of[r.id], r.framework]) for r in self.runs])
+        return np.concatenate([np.log(pred / self.published), PRIOR_WEIGHT * (x - self.x_prior)])
 
-    def residuals(x):
-        fit = unpack(x)
-        figs = {pair: fit.figures(*pair) for pair in pairs}
-        pred = np.array([times.figure(r, figs[device_of[r.id], r.framework]) for r in runs])
-        return np.concatenate([np.log(pred / published), PRIOR_WEIGHT * (x - x_prior)])
+    def cost(self, x) -> float:
+        return 0.5 * float(np.sum(self.residuals(x) ** 2))
 
-    def cost(x) -> float:
-        return 0.5 * float(np.sum(residuals(x) ** 2))
+    def solve(self, x_start) -> tuple[np.ndarray, float]:
+        """The gradient fit from `x_start`: (x, cost)."""
+        from scipy.optimize import least_squares  # only the fit needs scipy
 
-    def solve(x_start):
-        res = least_squares(residuals, x_start, bounds=(lo, hi), diff_step=1e-3, xtol=1e-4, ftol=1e-6)
+        res = least_squares(self.residuals, x_start, bounds=(self.lo, self.hi), diff_step=1e-3, xtol=1e-4, ftol=1e-6)
         return res.x, float(res.cost)
 
-    # Starts: the best GRID_KEEP points of a coarse grid over the figures in GRID_STARTS,
-    # the others at their first guesses (the grid holds the first guesses or points near
-    # them). It costs few evaluations of the cost model: each run sees only its own kind's
-    # attention values, and the overhead needs none.
-    gridded = [i for i, (_, n) in enumerate(params) if n in GRID_STARTS]
+
+def _fit_from_grid(p: _Problem) -> tuple[np.ndarray, float]:
+    """The gradient fit from the best GRID_KEEP points of a coarse grid over the figures in
+    GRID_STARTS, the others at their first guesses (the grid holds the first guesses or points
+    near them). The grid costs few evaluations of the cost model: each run sees only its own
+    kind's attention values, and the overhead needs none."""
+    x0 = p.x0()
+    gridded = [i for i, (_, n) in enumerate(p.params) if n in GRID_STARTS]
     grid = []
-    for values in itertools.product(*(GRID_STARTS[params[i][1]] for i in gridded)):
+    for values in itertools.product(*(GRID_STARTS[p.params[i][1]] for i in gridded)):
         x = x0.copy()
         x[gridded] = values
-        grid.append((cost(x), tuple(x)))
+        grid.append((p.cost(x), tuple(x)))
     grid.sort(key=lambda item: item[0])
     best_x, best_cost = None, math.inf
     for _, x_start in grid[:GRID_KEEP]:
-        x, c = solve(np.array(x_start))
+        x, c = p.solve(np.array(x_start))
         if c < best_cost:
             best_x, best_cost = x, c
-    # The overlap figures have flat stretches (every row of the framework at its floor) that
-    # a gradient cannot leave: scan each framework's overlap.dp over OVERLAP_SCAN (one
-    # evaluation per run of the framework and value), with its step overhead re-chosen on
-    # OVERHEAD_SCAN (no evaluation: the overhead is additive), and restart the gradient fit
-    # from a better point when the scan finds one.
+    return best_x, best_cost
+
+
+def _scan_overlap(p: _Problem, framework: str, x_from: np.ndarray) -> tuple[float, np.ndarray]:
+    """(cost, x) of the best point of `x_from` with the framework's overlap.dp on OVERLAP_SCAN
+    and its step overhead on OVERHEAD_SCAN (one evaluation per run of the framework and
+    overlap value; none for the overhead, which is additive)."""
+    i_ov, i_oh = p.params.index((framework, "overlap_dp")), p.params.index((framework, "step_overhead_s"))
+    candidates = []
+    for ov, oh in itertools.product(OVERLAP_SCAN, OVERHEAD_SCAN):
+        x = x_from.copy()
+        x[i_ov], x[i_oh] = ov, oh
+        candidates.append((p.cost(x), x))
+    return min(candidates, key=lambda item: item[0])
+
+
+def _refit_from_scans(p: _Problem, best_x: np.ndarray, best_cost: float) -> tuple[np.ndarray, float]:
+    """The overlap figures have flat stretches (every row of the framework at its floor) that
+    a gradient cannot leave: scan each framework's overlap.dp (`_scan_overlap`), and restart
+    the gradient fit from a better point when the scan finds one (at most three times)."""
     for _ in range(3):
         x_scan, c_scan = best_x, best_cost
-        for f in frameworks:
-            i_ov, i_oh = params.index((f, "overlap_dp")), params.index((f, "step_overhead_s"))
-            candidates = []
-            for ov, oh in itertools.product(OVERLAP_SCAN, OVERHEAD_SCAN):
-                x = x_scan.copy()
-                x[i_ov], x[i_oh] = ov, oh
-                candidates.append((cost(x), x))
-            c, x = min(candidates, key=lambda item: item[0])
+        for f in p.frameworks:
+            c, x = _scan_overlap(p, f, x_scan)
             if c < c_scan:
                 x_scan, c_scan = x, c
         if c_scan >= best_cost - 1e-6:
             break  # the gradient fit's point is (near) the best of the scan
-        x, c = solve(x_scan)
+        x, c = p.solve(x_scan)
         if c >= best_cost:
             break
         best_x, best_cost = x, c
-    fit = unpack(best_x)
+    return best_x, best_cost
+
+
+def fit_published(runs: list[PublishedRun] | None = None, *, times: StepTimes | None = None) -> Fit:
+    """Fit DEVICE_FIGURES per device kind and FRAMEWORK_FIGURES per framework, jointly, to
+    `runs` (default: every published run). `times`: a memo to reuse (it must hold the
+    machines the runs name). A gradient fit from the best start of a coarse grid, then scans
+    of each framework's overlap.dp that restart it from a better point where they find one."""
+    runs = published_runs() if runs is None else list(runs)
+    if times is None:
+        times = StepTimes(machines_of(runs))
+    problem = _Problem.of(runs, times)
+    best_x, best_cost = _fit_from_grid(problem)
+    best_x, best_cost = _refit_from_scans(problem, best_x, best_cost)
+    fit = problem.unpack(best_x)
     fit.cost, fit.rows = best_cost, [r.id for r in runs]
     return fit
 

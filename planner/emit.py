@@ -88,24 +88,29 @@ def stage_assignment(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     ]
 
 
-def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, lay: Layouts, ev: Evaluation, i: int, command: str | None = None) -> Plan:
-    """The plan of row i of an evaluation of explicit layouts."""
-    one = lay.take([i])
-    row = one.row(0)
-    kind = SHARDINGS[row["sharding"]]
-    mesh = Mesh(pp=row["pp"], dp_replicate=row["dp_replicate"], dp_shard=row["dp_shard"], cp=row["cp"], tp=row["tp"])
-    schedule = SCHEDULES[row["schedule"]]
-    tp_alg = comm.ALGORITHMS[int(ev.tp_algorithm[i])]
-    ar_alg = comm.ALGORITHMS[int(ev.allreduce_algorithm[i])]
-    rsag_alg = comm.ALGORITHMS[int(ev.rsag_algorithm[i])]
+def _algorithms(ev: Evaluation, i: int) -> tuple[Algorithm, Algorithm, Algorithm]:
+    """(tensor-parallel, allreduce, reduce-scatter/all-gather) algorithms chosen for row i."""
+    return (comm.ALGORITHMS[int(ev.tp_algorithm[i])], comm.ALGORITHMS[int(ev.allreduce_algorithm[i])],
+            comm.ALGORITHMS[int(ev.rsag_algorithm[i])])
+
+
+def _collective_env(machine: MachineModel, one: Layouts, row: dict, kind: Sharding, ev: Evaluation, i: int) -> dict[str, str]:
+    """The library's environment: an algorithm is set only for the collectives the layout runs."""
+    _, ar_alg, rsag_alg = _algorithms(ev, i)
     data_parallel = one.grad_group[0] > 1
     dp_allreduce = data_parallel and kind in (Sharding.none, Sharding.hsdp)
     dp_rsag = data_parallel and kind != Sharding.none
     tp_allreduce = row["tp"] > 1 and not row["sp"]
     tp_rsag = row["tp"] > 1 and bool(row["sp"])
-    env = library_env(machine, ar_alg if (dp_allreduce or tp_allreduce) else None, rsag_alg if (dp_rsag or tp_rsag) else None)
-    sharded = kind != Sharding.none
+    return library_env(machine, ar_alg if (dp_allreduce or tp_allreduce) else None, rsag_alg if (dp_rsag or tp_rsag) else None)
 
+
+def _communicators(model: ModelSpec, machine: MachineModel, job: TrainingJob, one: Layouts, row: dict, kind: Sharding,
+                   ev: Evaluation, i: int) -> dict[Communicator, CollectiveChoice]:
+    """Each communicator of more than one rank: its collective, algorithm, ranks, the nodes
+    it spans and the bytes it moves per step."""
+    tp_alg, ar_alg, rsag_alg = _algorithms(ev, i)
+    sharded = kind != Sharding.none
     P = flops.total_params(model) / row["pp"] / row["tp"]
     B = 2 if job.precision.value != "fp32" else 4
     act = row["mbs"] * job.seq_len / row["cp"] * model.hidden * B
@@ -137,9 +142,13 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         comms[Communicator.cp] = CollectiveChoice(
             op="all_gather+reduce_scatter", algorithm=Algorithm.ring, ranks=row["cp"], nodes_spanned=spanned(row["cp"], row["tp"]),
             bytes_per_step=float(row["gas"] * passes * model.layers / row["pp"] * kv * (row["cp"] - 1) / row["cp"]))
+    return comms
 
+
+def _prediction(model: ModelSpec, job: TrainingJob, ev: Evaluation, i: int) -> Prediction:
+    """Row i of the evaluation as the plan's prediction (memory in GiB)."""
     mem = ev.memory
-    prediction = Prediction(
+    return Prediction(
         step_time_s=float(ev.step_time_s[i]),
         step_time=StepTimeBreakdown(
             compute_s=float(ev.compute_s[i]), bubble_s=float(ev.bubble_s[i]), optimizer_s=float(ev.optimizer_s[i]),
@@ -161,17 +170,28 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         time_to_train_days=float(ev.time_to_train_days[i]),
         model_flops_per_step=flops.step_flops(model, job)["executed"], six_n_flops_per_step=flops.step_flops(model, job)["six_n"],
     )
+
+
+def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, lay: Layouts, ev: Evaluation, i: int, command: str | None = None) -> Plan:
+    """The plan of row i of an evaluation of explicit layouts."""
+    one = lay.take([i])
+    row = one.row(0)
+    kind = SHARDINGS[row["sharding"]]
+    mesh = Mesh(pp=row["pp"], dp_replicate=row["dp_replicate"], dp_shard=row["dp_shard"], cp=row["cp"], tp=row["tp"])
+    env = _collective_env(machine, one, row, kind, ev, i)
+    comms = _communicators(model, machine, job, one, row, kind, ev, i)
     plan = Plan(
         model=model, machine=machine, job=job, nodes=nodes, ranks_per_node=machine.devices_per_node, mesh=mesh,
         micro_batch_size=row["mbs"], grad_accumulation_steps=row["gas"], sequence_parallel=bool(row["sp"]),
-        pipeline=Pipeline(schedule=schedule, virtual_stages=row["vpp"], stages=stage_assignment(model, machine, job, one)),
+        pipeline=Pipeline(schedule=SCHEDULES[row["schedule"]], virtual_stages=row["vpp"],
+                          stages=stage_assignment(model, machine, job, one)),
         sharding=ShardingOptions(
             kind=kind, shard_group_size=row["dp_shard"], reshard_after_forward=kind != Sharding.fsdp_grad_op,
             ddp_bucket_mb=float(ev.ddp_bucket_mb[i]),
         ),
         recompute=RECOMPUTES[row["recompute"]],
         collectives=Collectives(library=machine.collective_library.value, communicators=comms, env=env),
-        prediction=prediction,
+        prediction=_prediction(model, job, ev, i),
         provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,
                               command=command or shlex.join(["exaplan", *sys.argv[1:]])),
     )

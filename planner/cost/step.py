@@ -336,73 +336,109 @@ class Scores:
     layouts_scored: int
 
 
-def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, fast: bool = True,
-                   detail: bool = True, ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB):
-    """Predict every row of a layout space (see the module docstring for `fast`). With
-    detail=False only the Scores the search needs are computed (much less work per row)."""
-    tiers = link_tiers(machine)
-    ar_codes, rsag_codes = offered_algorithms(machine)
-    units, meshes = space.units, space.meshes
-    U = unit_costs(model, machine, job, units, tiers, (ar_codes, rsag_codes))
-    M = mesh_costs(model, machine, job, meshes, tiers, (ar_codes, rsag_codes), ddp_buckets_mb)
-    if not detail:
-        # The search ranks in float32 (half the memory traffic per row); the finalists are
-        # re-scored in float64 by `evaluate`.
-        U, M = _cast(U, np.float32), _cast(M, np.float32)
-    dtype = np.float64 if detail else np.float32
-    u, mi = space.unit, space.mesh
-    # Per unit: micro-batches and their work; the step repeats it m + (p-1)/v times.
-    m_u = units.gas.astype(dtype)
-    repeats_u = m_u + ((units.pp - 1) / units.vpp).astype(dtype)
-    base_u = U.compute_mb + U.cp_mb + U.pp_mb
-    m = m_u[u]
-    fwd_mb = (U.compute_mb / 3.0)[u]
-    bwd_mb = 2.0 * fwd_mb
-    ov = machine.overlap.dp
-    F_reps = np.where(M.F_per_mb[mi], m, dtype(1.0))
-    K_reps = np.where(M.K_per_mb[mi], m, dtype(1.0))
+@dataclass
+class _Rows:
+    """Every row's share of its unit's and its mesh's costs (rows index units by `u`, meshes
+    by `mi`), and the exposed data-parallel traffic built from them:
+    exposed = max(traffic - overlap x compute it runs under, floor)."""
 
-    def dp_exposed(r):
-        return (F_reps * np.maximum(M.F_total[r][mi] - ov * fwd_mb, M.F_floor[r][mi])
-                + K_reps * np.maximum(M.K_total[r][mi] - ov * bwd_mb, M.K_floor[r][mi]))
+    u: np.ndarray
+    mi: np.ndarray
+    m: np.ndarray  # micro-batches per step, per row
+    repeats_u: np.ndarray  # per unit: the step repeats a micro-batch's work m + (p-1)/v times
+    base_u: np.ndarray  # per unit: compute + cp + pp traffic of a micro-batch
+    fwd_mb: np.ndarray  # per row: forward compute of a micro-batch (a third of it)
+    bwd_mb: np.ndarray
+    F_reps: np.ndarray  # how often F and K are paid: every micro-batch or once a step
+    K_reps: np.ndarray
+    overlap: float  # machine.overlap.dp
 
-    def s_exposed(St, Sf):
-        return np.maximum(St[mi] - ov * bwd_mb, Sf[mi])
+    @classmethod
+    def gather(cls, space: Space, U: UnitCosts, M: MeshCosts, overlap: float, dtype) -> "_Rows":
+        units, u, mi = space.units, space.unit, space.mesh
+        m_u = units.gas.astype(dtype)
+        m = m_u[u]
+        fwd_mb = (U.compute_mb / 3.0)[u]
+        return cls(
+            u=u, mi=mi, m=m,
+            repeats_u=m_u + ((units.pp - 1) / units.vpp).astype(dtype),
+            base_u=U.compute_mb + U.cp_mb + U.pp_mb,
+            fwd_mb=fwd_mb, bwd_mb=2.0 * fwd_mb,
+            F_reps=np.where(M.F_per_mb[mi], m, dtype(1.0)),
+            K_reps=np.where(M.K_per_mb[mi], m, dtype(1.0)),
+            overlap=overlap,
+        )
 
+    def dp_exposed(self, M: MeshCosts, r: int) -> np.ndarray:
+        """Exposed F (under forward) and K (under backward) traffic with rs/ag algorithm r."""
+        mi, ov = self.mi, self.overlap
+        return (self.F_reps * np.maximum(M.F_total[r][mi] - ov * self.fwd_mb, M.F_floor[r][mi])
+                + self.K_reps * np.maximum(M.K_total[r][mi] - ov * self.bwd_mb, M.K_floor[r][mi]))
+
+    def s_exposed(self, St: np.ndarray, Sf: np.ndarray) -> np.ndarray:
+        """Exposed S traffic (once a step, under the last backward) of one bucket size."""
+        return np.maximum(St[self.mi] - self.overlap * self.bwd_mb, Sf[self.mi])
+
+    def step(self, M: MeshCosts, tp_mb_u: np.ndarray, dp: np.ndarray, s_cost: np.ndarray) -> np.ndarray:
+        return (self.repeats_u * (self.base_u + tp_mb_u))[self.u] + dp + s_cost + M.optimizer_s[self.mi]
+
+
+def _step_only(R: _Rows, M: MeshCosts, tp_mb_u, rsag, S) -> dict:
+    """The step time under one choice of algorithms, as the search needs it: minima over the
+    remaining choices, none recorded."""
+    dp = _minimum(R.dp_exposed(M, r) for r in rsag)
+    s_cost = _minimum(R.s_exposed(St, Sf) for St, Sf, _ in S)
+    return {"step": R.step(M, tp_mb_u, dp, s_cost)}
+
+
+def _step_with_choices(R: _Rows, M: MeshCosts, tp_mb_u, tp_code_u, rsag, S) -> dict:
+    """The step time under one choice of algorithms, with the rs/ag algorithm, DDP bucket
+    (index k) and allreduce algorithm that reach it, and the exposed dp and tp terms."""
+    dp, r_code = _cheapest({r: R.dp_exposed(M, r) for r in rsag})
+    s_cost, k = _cheapest({j: R.s_exposed(St, Sf) for j, (St, Sf, _) in enumerate(S)})
+    return dict(step=R.step(M, tp_mb_u, dp, s_cost), dp=dp + s_cost, k=k, tp_code=tp_code_u[R.u], rs_code=r_code,
+                ar_code=np.select([k == j for j in range(len(S))], [S[j][2][R.mi] for j in range(len(S))]),
+                tp_mb=tp_mb_u[R.u])
+
+
+def _best_choices(R: _Rows, U: UnitCosts, M: MeshCosts, u_sp: np.ndarray, algos, fast: bool, detail: bool) -> dict:
+    """Per row, the step time and (with detail) the choices behind it: each communicator's
+    cheapest algorithm when `fast`, else the best job-wide (allreduce, rs/ag) pair. Without
+    detail each pair's step replaces the previous one (fast: there is only one)."""
+    ar_codes, rsag_codes = algos
     best = None
     for pair in [None] if fast else [(a, r) for a in ar_codes for r in rsag_codes]:
-        tp_mb_u, tp_code_u, rsag, S = _fix_algorithms(U, M, units.sp, pair)
-        if not detail:  # the search needs the step time only: minima, no choices recorded
-            dp = _minimum(dp_exposed(r) for r in rsag)
-            s_cost = _minimum(s_exposed(St, Sf) for St, Sf, _ in S)
-            best = {"step": (repeats_u * (base_u + tp_mb_u))[u] + dp + s_cost + M.optimizer_s[mi]}
+        tp_mb_u, tp_code_u, rsag, S = _fix_algorithms(U, M, u_sp, pair)
+        if not detail:
+            best = _step_only(R, M, tp_mb_u, rsag, S)
             continue
-        dp, r_code = _cheapest({r: dp_exposed(r) for r in rsag})
-        s_cost, k = _cheapest({j: s_exposed(St, Sf) for j, (St, Sf, _) in enumerate(S)})
-        step = (repeats_u * (base_u + tp_mb_u))[u] + dp + s_cost + M.optimizer_s[mi]
-        cand = dict(step=step, dp=dp + s_cost, k=k, tp_code=tp_code_u[u], rs_code=r_code,
-                    ar_code=np.select([k == j for j in range(len(S))], [S[j][2][mi] for j in range(len(S))]),
-                    tp_mb=tp_mb_u[u])
+        cand = _step_with_choices(R, M, tp_mb_u, tp_code_u, rsag, S)
         if best is None:
             best = cand
         else:
-            better = step < best["step"]
+            better = cand["step"] < best["step"]
             best = {key: np.where(better, cand[key], best[key]) for key in best}
+    return best
 
-    # Memory: activations depend on the unit and, through in-flight micro-batches, the schedule.
-    acts = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], m, units.vpp[u], space.schedule) + U.act_fixed[u]
-    states = (M.parameters + M.gradients + M.optimizer + M.buffers + M.reference)[mi]
+
+def _row_memory(machine: MachineModel, space: Space, U: UnitCosts, M: MeshCosts, R: _Rows):
+    """(activations, reserve, total, fits) per row. Activations depend on the unit and,
+    through the micro-batches in flight, on the schedule."""
+    units, u = space.units, R.u
+    acts = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_fixed[u]
+    states = (M.parameters + M.gradients + M.optimizer + M.buffers + M.reference)[R.mi]
     allocated = states + acts
     reserve = reserve_bytes(machine, allocated)
     total = allocated + reserve
     fits = total <= machine.device_memory_gib * GIB
-    step_time = best["step"]
-    n_algos = len(ar_codes) * len(rsag_codes)
-    if not detail:
-        return Scores(step_time, total, fits, len(space) * n_algos)
+    return acts, reserve, total, fits
 
-    mem = MemoryParts(M.parameters[mi], M.gradients[mi], M.optimizer[mi], acts, M.buffers[mi], reserve, total, fits,
-                      reference=M.reference[mi])
+
+def _evaluation(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, U: UnitCosts, M: MeshCosts,
+                R: _Rows, best: dict, mem: MemoryParts, ddp_buckets_mb: tuple[float, ...], layouts_scored: int) -> Evaluation:
+    """The detailed predictions: the step's parts, throughput, FLOP rates, MFU, time to train."""
+    units, u, mi, m = space.units, R.u, R.mi, R.m
+    step_time = best["step"]
     tokens = job.tokens_per_step
     world = units.world[u].astype(np.float64)
     # Model FLOPs as the trainer executes them (dpo: the policy's passes and the reference's
@@ -412,7 +448,7 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
     hw_fl = (flops.hardware_flops_per_token(model, job.seq_len, units.recompute)[u] + ref_fl) * tokens
     tps = tokens / step_time
     model_tf = model_fl / step_time / world / 1e12
-    work_mb = base_u[u] + best["tp_mb"]
+    work_mb = R.base_u[u] + best["tp_mb"]
     return Evaluation(
         space=space, step_time_s=step_time, compute_s=m * U.compute_mb[u], bubble_s=((units.pp - 1) / units.vpp)[u] * work_mb,
         optimizer_s=M.optimizer_s[mi], dp_s=best["dp"], tp_s=m * best["tp_mb"], pp_s=m * U.pp_mb[u], cp_s=m * U.cp_mb[u],
@@ -422,8 +458,32 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
         hardware_tflops_per_device=hw_fl / step_time / world / 1e12,
         mfu=model_tf / (machine.peak_flops(job.precision) / 1e12),
         time_to_train_days=job.token_budget / tps / 86400.0,
-        layouts_scored=len(space) * n_algos,
+        layouts_scored=layouts_scored,
     )
+
+
+def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, fast: bool = True,
+                   detail: bool = True, ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB):
+    """Predict every row of a layout space (see the module docstring for `fast`). With
+    detail=False only the Scores the search needs are computed (much less work per row)."""
+    tiers = link_tiers(machine)
+    algos = offered_algorithms(machine)
+    U = unit_costs(model, machine, job, space.units, tiers, algos)
+    M = mesh_costs(model, machine, job, space.meshes, tiers, algos, ddp_buckets_mb)
+    if not detail:
+        # The search ranks in float32 (half the memory traffic per row); the finalists are
+        # re-scored in float64 by `evaluate`.
+        U, M = _cast(U, np.float32), _cast(M, np.float32)
+    R = _Rows.gather(space, U, M, machine.overlap.dp, np.float64 if detail else np.float32)
+    best = _best_choices(R, U, M, space.units.sp, algos, fast, detail)
+    acts, reserve, total, fits = _row_memory(machine, space, U, M, R)
+    layouts_scored = len(space) * len(algos[0]) * len(algos[1])
+    if not detail:
+        return Scores(best["step"], total, fits, layouts_scored)
+    mi = R.mi
+    mem = MemoryParts(M.parameters[mi], M.gradients[mi], M.optimizer[mi], acts, M.buffers[mi], reserve, total, fits,
+                      reference=M.reference[mi])
+    return _evaluation(model, machine, job, space, U, M, R, best, mem, ddp_buckets_mb, layouts_scored)
 
 
 def evaluate(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts, fast: bool = False,

@@ -90,6 +90,23 @@ def _per_stage(value: float | Sequence[float], num_stages: int) -> list[float]:
     return vals
 
 
+@dataclass
+class _Stages:
+    """One stage-assignment problem, in floats: items, per-stage memory caps and the extras
+    of each stage (the embedding's on stage 0, the head's on stage S-1)."""
+
+    costs: list[float]
+    mem: list[float]
+    caps: list[float]
+    extra_cost: list[float]
+    extra_mem: list[float]
+
+    def solution(self, ranges, optimal: bool, feasible: bool, status: str) -> StageSolution:
+        sc = [math.fsum(self.costs[a:b]) + self.extra_cost[s] for s, (a, b) in enumerate(ranges)]
+        sm = [math.fsum(self.mem[a:b]) + self.extra_mem[s] for s, (a, b) in enumerate(ranges)]
+        return StageSolution(list(ranges), sc, sm, max(sc), optimal, feasible, status)
+
+
 def assign_stages(layer_costs: Sequence[float], layer_memory: Sequence[float], num_stages: int,
                   memory_cap: float | Sequence[float], first_extra_cost: float = 0,
                   last_extra_cost: float = 0, first_extra_memory: float = 0,
@@ -99,9 +116,10 @@ def assign_stages(layer_costs: Sequence[float], layer_memory: Sequence[float], n
     slowest stage subject to per-stage memory caps. Stage 0 also carries the embedding
     (``first_extra_*``), stage S-1 the output head (``last_extra_*``); with S == 1 both.
 
-    CP-SAT model (costs and memory scaled to integers, 1e6 units per total; prefix sums are
-    rounded, so each stage sum is within one unit, i.e. ~1e-6 relative, of the float value, and
-    caps are given two units of slack so that a stage exactly at its cap is not refused):
+    CP-SAT model (`_cp_sat_model`; costs and memory scaled to integers, 1e6 units per total;
+    prefix sums are rounded, so each stage sum is within one unit, i.e. ~1e-6 relative, of the
+    float value, and caps are given two units of slack so that a stage exactly at its cap is
+    not refused):
 
     * variables: boundaries ``b[0..S]`` with ``b[0] = 0``, ``b[S] = L``, ``b[s] + 1 <= b[s+1]``
       (stage s holds layers ``[b[s], b[s+1])``); ``C[s] = Pc[b[s]]`` and ``M[s] = Pm[b[s]]``
@@ -120,8 +138,6 @@ def assign_stages(layer_costs: Sequence[float], layer_memory: Sequence[float], n
     Never raises for infeasible caps: returns ``feasible=False`` with the unconstrained DP split
     (also when CP-SAT finds no solution within ``time_limit_s``; see ``status``).
     """
-    from ortools.sat.python import cp_model
-
     costs = [float(c) for c in layer_costs]
     mem = [float(m) for m in layer_memory]
     n, S = len(costs), int(num_stages)
@@ -135,55 +151,85 @@ def assign_stages(layer_costs: Sequence[float], layer_memory: Sequence[float], n
     xc[-1] += last_extra_cost
     xm[0] += first_extra_memory
     xm[-1] += last_extra_memory
-
-    def solution(ranges, optimal, feasible, status):
-        sc = [math.fsum(costs[a:b]) + xc[s] for s, (a, b) in enumerate(ranges)]
-        sm = [math.fsum(mem[a:b]) + xm[s] for s, (a, b) in enumerate(ranges)]
-        return StageSolution(list(ranges), sc, sm, max(sc), optimal, feasible, status)
+    problem = _Stages(costs, mem, caps, xc, xm)
 
     folded = list(costs)
     folded[0] += first_extra_cost
     folded[-1] += last_extra_cost
     dp_ranges = balanced_split(folded, S)
-    dp_sol = solution(dp_ranges, False, False, "")
+    dp_sol = problem.solution(dp_ranges, False, False, "")
     if use_dp_shortcut and all(m <= c for m, c in zip(dp_sol.stage_memory, caps)):
         dp_sol.optimal = dp_sol.feasible = True
         dp_sol.status = "dp"
         return dp_sol
+    return _solve_cp_sat(problem, first_extra_cost, last_extra_cost, dp_ranges, dp_sol, time_limit_s)
 
-    sc_ = _RESOLUTION / max(math.fsum(costs) + sum(xc), 1e-300)
-    finite = [c for c in caps if math.isfinite(c)]
-    sm_ = _RESOLUTION / max(math.fsum(mem) + sum(xm), *finite, 1e-300)
-    pc = [round(v * sc_) for v in np.concatenate(([0.0], np.cumsum(costs)))]
-    pm = [round(v * sm_) for v in np.concatenate(([0.0], np.cumsum(mem)))]
+
+@dataclass
+class _IntegerStages:
+    """The problem scaled to integers for CP-SAT (see `assign_stages`)."""
+
+    pc: list[int]  # prefix sums of the layer costs
+    pm: list[int]  # prefix sums of the layer memory
+    extra_cost: list[int]
+    extra_mem: list[int]
+    caps: list[int | float]  # per stage: the cap in integer units (with its slack), inf where none
+    lower: int  # the integer DP optimum: a lower bound on z
+
+
+def _integer_stages(p: _Stages, first_extra_cost: float, last_extra_cost: float) -> _IntegerStages:
+    """Costs scaled to _RESOLUTION units per total cost; memory per the larger of the total
+    memory and the largest finite cap."""
+    n, S = len(p.costs), len(p.caps)
+    sc_ = _RESOLUTION / max(math.fsum(p.costs) + sum(p.extra_cost), 1e-300)
+    finite = [c for c in p.caps if math.isfinite(c)]
+    sm_ = _RESOLUTION / max(math.fsum(p.mem) + sum(p.extra_mem), *finite, 1e-300)
+    pc = [round(v * sc_) for v in np.concatenate(([0.0], np.cumsum(p.costs)))]
+    pm = [round(v * sm_) for v in np.concatenate(([0.0], np.cumsum(p.mem)))]
     ifc, ilc = round(first_extra_cost * sc_), round(last_extra_cost * sc_)
     ixc = [(ifc if s == 0 else 0) + (ilc if s == S - 1 else 0) for s in range(S)]
-    ixm = [round(v * sm_) for v in xm]
+    ixm = [round(v * sm_) for v in p.extra_mem]
     item = [pc[i + 1] - pc[i] for i in range(n)]
     item[0] += ifc
     item[-1] += ilc
     lower = int(round(min_max_stage_cost(item, S)))  # exact: integers well below 2**53
+    # +2 units: the rounded prefix sums and extras can each be off by half a unit, so a stage
+    # exactly at its cap must not be refused (caps hold to ~2e-6 relative).
+    caps = [round(c * sm_) + 2 if math.isfinite(c) else math.inf for c in p.caps]
+    return _IntegerStages(pc, pm, ixc, ixm, caps, lower)
 
+
+def _cp_sat_model(q: _IntegerStages, dp_ranges: list[tuple[int, int]]):
+    """(CP-SAT model, its boundary variables b[0..S]); see `assign_stages`."""
+    from ortools.sat.python import cp_model
+
+    n, S, pc, pm = len(q.pc) - 1, len(q.caps), q.pc, q.pm
     m = cp_model.CpModel()
     b = [m.NewConstant(0)] + [m.NewIntVar(s, n - S + s, f"b{s}") for s in range(1, S)]
     b.append(m.NewConstant(n))
     C = [m.NewIntVar(0, pc[-1], f"C{s}") for s in range(S + 1)]
     M = [m.NewIntVar(min(pm), max(pm), f"M{s}") for s in range(S + 1)]
-    z = m.NewIntVar(lower, pc[-1] + sum(ixc), "z")
+    z = m.NewIntVar(q.lower, pc[-1] + sum(q.extra_cost), "z")
     for s in range(S + 1):
         m.AddElement(b[s], pc, C[s])
         m.AddElement(b[s], pm, M[s])
     for s in range(S):
         m.Add(b[s] + 1 <= b[s + 1])
-        m.Add(C[s + 1] - C[s] + ixc[s] <= z)
-        if math.isfinite(caps[s]):
-            # +2 units: the rounded prefix sums and extras can each be off by half a unit, so
-            # a stage exactly at its cap must not be refused (caps hold to ~2e-6 relative).
-            m.Add(M[s + 1] - M[s] + ixm[s] <= round(caps[s] * sm_) + 2)
+        m.Add(C[s + 1] - C[s] + q.extra_cost[s] <= z)
+        if math.isfinite(q.caps[s]):
+            m.Add(M[s + 1] - M[s] + q.extra_mem[s] <= q.caps[s])
     for s in range(1, S):
         m.AddHint(b[s], dp_ranges[s][0])
     m.Minimize(z)
+    return m, b
 
+
+def _solve_cp_sat(p: _Stages, first_extra_cost: float, last_extra_cost: float, dp_ranges: list[tuple[int, int]],
+                  dp_sol: StageSolution, time_limit_s: float) -> StageSolution:
+    """CP-SAT's split, or `dp_sol` (infeasible, with the solver's status) when it finds none."""
+    from ortools.sat.python import cp_model
+
+    m, b = _cp_sat_model(_integer_stages(p, first_extra_cost, last_extra_cost), dp_ranges)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 2
     solver.parameters.max_time_in_seconds = float(time_limit_s)
@@ -193,4 +239,4 @@ def assign_stages(layer_costs: Sequence[float], layer_memory: Sequence[float], n
         dp_sol.status = name
         return dp_sol
     bounds = [solver.Value(v) for v in b]
-    return solution(list(zip(bounds[:-1], bounds[1:])), st == cp_model.OPTIMAL, True, name)
+    return p.solution(list(zip(bounds[:-1], bounds[1:])), st == cp_model.OPTIMAL, True, name)
