@@ -278,7 +278,7 @@ def measure_baseline_rss_gib(timeout_s: float = 120.0, env: dict[str, str] | Non
     group initialised, nothing trained (GiB). None if it could not be measured."""
     code = (
         "import os, resource, tempfile, torch, torch.distributed as dist\n"
-        "import runtime.trainer, runtime.model, runtime.parallel, runtime.data, runtime.metrics\n"
+        "import runtime.trainer, runtime.model, runtime.parallel, runtime.loader, runtime.metrics\n"
         "f = tempfile.mktemp()\n"
         "dist.init_process_group('gloo', init_method='file://' + f, rank=0, world_size=1)\n"
         "t = torch.ones(4); dist.all_reduce(t); dist.destroy_process_group()\n"
@@ -345,7 +345,7 @@ def run_local_validation(model: str, ranks: int, out: Path, steps: int = 8, mach
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runtime import data as rdata
+    from runtime.dataprep.cache import ensure_prepared
 
     if steps < 3:
         raise PlanError("needs at least 3 steps (the first 2 are warm-up)", field="steps")
@@ -356,7 +356,7 @@ def run_local_validation(model: str, ranks: int, out: Path, steps: int = 8, mach
     mach = _resolve_machine(machine, ranks)
     layouts = list(layouts if layouts is not None else default_layouts(ranks))
     console = console or Console(highlight=False)
-    data_dir = rdata.ensure_prepared(None, out / "data", rank=0, progress=False)
+    data_dir = ensure_prepared(None, out / "data", rank=0, progress=False)
     baseline = measure_baseline_rss_gib(env=MEMORY_RUN_ENV if memory_runs else None)
     job = None
     plans: dict[str, Any] = {}
