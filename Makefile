@@ -43,7 +43,7 @@ bench-local: venv
 	$(BIN)/exaplan validate --local --machine $(BENCH_LOCAL_MACHINE) --steps 10 --repeats 2 --out runs/bench-local
 
 plans: venv
-	$(BIN)/python -m planner.examples
+	$(BIN)/python -m cli.examples
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

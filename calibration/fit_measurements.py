@@ -459,8 +459,8 @@ def write_calibration(machine: MachineModel, meas: dict[str, Any], path: Path) -
     text = "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     meas_text = json.dumps(meas, indent=1, default=_json_default) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(measurements_path(path), meas_text)
-    _atomic_write(path, text)
+    atomic_write(measurements_path(path), meas_text)
+    atomic_write(path, text)
 
 
 def _json_default(obj: Any) -> Any:
@@ -469,7 +469,7 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON-able: {type(obj).__name__}")
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:

@@ -3,7 +3,8 @@
 The trainer core: launch.py (starting the ranks), mesh.py (the device mesh), model.py (the
 protein LM), parallel/ (tensor, context, pipeline and data parallelism, recompute), loader.py
 (the data-parallel loader over prepared shards), checkpoint/ (layout-independent checkpoints),
-metrics.py (measured against predicted), trainer.py (a plan's steps, in order), dpo.py and
+metrics.py (measured against predicted), options.py (the options of a run), trainer.py (a
+plan's steps, in order), dpo.py and
 dpo_eval.py (preference optimisation and its evaluation). Data preparation (FASTA -> token
 shards, preference pairs, `exaplan data`) is apart, in dataprep/, which imports nothing from
 the rest of the runtime.

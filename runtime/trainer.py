@@ -17,54 +17,6 @@ from typing import Any
 from planner.schema.errors import PlanError
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="exaplan run", description="Train the protein LM with a plan (one rank).")
-    ap.add_argument("plan", help="plan file")
-    ap.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
-    ap.add_argument("--data", help="FASTA file(s, comma-separated) or a prepared directory (default: the shipped UniProt sample)")
-    ap.add_argument("--out", default="runs/latest", help="output directory (metrics, checkpoints, summary)")
-    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/checkpoints")
-    ap.add_argument("--io-mode", choices=["real", "synthetic", "io-only"], default="real",
-                    help="real data; one batch reused (no loading); or the loader alone without compute")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--warmup", type=int, default=10, help="linear warm-up steps")
-    ap.add_argument("--val-every", type=int, default=50, help="validation loss every N steps (0: only at the end)")
-    ap.add_argument("--val-batches", type=int, default=4)
-    ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--compile", action="store_true", help="torch.compile each block (the plan may ask for it too)")
-    ap.add_argument("--log-samples", action="store_true",
-                    help="record the global sample numbers of every step in metrics.jsonl (to check resumption)")
-    ap.add_argument("--init", metavar="CKPT_DIR", help="start from the model weights of a checkpoint (a checkpoint, "
-                    "a folder of them or a run folder; not its optimizer or data state; any layout)")
-    dpo = ap.add_argument_group("DPO (plans with job.workload: dpo; see runtime/dpo.py)")
-    dpo.add_argument("--pairs", metavar="DIR", help="preference pairs (`exaplan data pairs`): train/validation.tsv")
-    dpo.add_argument("--beta", type=float, help="DPO temperature beta (default 0.1)")
-    dpo.add_argument("--label-smoothing", type=float, help="label smoothing eps (conservative DPO; default 0)")
-    dpo.add_argument("--reference", metavar="CKPT_DIR", help="reference model weights (default: the initial policy)")
-    dpo.add_argument("--precompute-reference", action="store_true",
-                     help="reference log-probs of every pair computed once (OUT/reference_logps.npz), no reference "
-                          "model in memory during training")
-    dpo.add_argument("--val-pairs", type=int, default=0, help="validate on the first N validation pairs (0: all)")
-    args = ap.parse_args(argv)
-    _check_workload(args)
-    return args
-
-
-def _check_workload(args) -> None:
-    """The plan's workload against the options (here, so that `exaplan run` refuses bad
-    input with exit code 2 before any rank starts)."""
-    from planner.schema.plan import load_plan
-
-    plan = load_plan(args.plan)
-    if plan.job.workload.value == "dpo" or args.init or args.pairs or args.reference or args.precompute_reference \
-            or args.beta is not None or args.label_smoothing is not None:  # (runtime.dpo imports torch: only then)
-        from runtime import dpo
-
-        dpo.check_args(args, plan)
-
-
 def lr_at(step: int, args) -> float:
     """Linear warm-up, then cosine decay to 10% over the run."""
     if step < args.warmup:
@@ -74,8 +26,13 @@ def lr_at(step: int, args) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One rank of `exaplan run` (what torchrun starts: `python -m runtime.trainer PLAN ...`)."""
+    from runtime.options import check_run_args, parse_run_args
+
     try:
-        return train(parse_args(argv))
+        args = parse_run_args(argv)
+        check_run_args(args)
+        return train(args)
     except PlanError as e:
         print(f"exaplan run: error: {e}", file=sys.stderr)
         return 2

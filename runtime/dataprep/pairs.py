@@ -34,7 +34,7 @@ Readers: `read_pairs(dir, split)`, `load_manifest(dir)`. Bad input raises PlanEr
 prints it and exits 2). No torch here. Reading the input table, the shipped GB1 sample
 (`gb1_sample_path`) and, for correlating a model's likelihood with the measured score,
 `read_scored_sequences(path, ...)`: runtime/dataprep/pairs_table.py; the report,
-`describe_pairs(dir)` and the CLI: runtime/dataprep/cli.py.
+`describe_pairs(dir)`: runtime/dataprep/pairs_report.py; the command line: cli/data.py.
 """
 
 from __future__ import annotations

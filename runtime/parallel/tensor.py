@@ -24,7 +24,7 @@ With sequence parallelism the residual stream between blocks is a plain tensor h
 rank's contiguous slice of the sequence, shape (batch, seq / tp, hidden): every block starts
 with PrepareModuleInput(..., use_local_output=True) so that it always receives a plain
 tensor (a DTensor arriving at a block with plain-tensor parameters fails with "mixed
-torch.Tensor and DTensor" on CPU/gloo: see shared/reference/cpu-field-notes.md). A pipeline
+torch.Tensor and DTensor" on CPU/gloo, as seen with torch 2.13). A pipeline
 stage without the embedding therefore receives (batch, seq / tp, hidden) hidden states, and
 one without the head sends them. Without sequence parallelism the stream is the full
 (batch, seq, hidden) tensor, replicated over tp.

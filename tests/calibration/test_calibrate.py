@@ -205,7 +205,7 @@ def test_measure_quick_end_to_end(tmp_path):
 
 def test_cli_calibrate_writes_a_machine_that_plans(tmp_path, capsys):
     """`exaplan calibrate --quick -o FILE`, then `exaplan plan --machine FILE` uses it."""
-    from planner.cli import main
+    from cli.main import main
 
     out = tmp_path / "here.yaml"
     assert main(["calibrate", "--quick", "-o", str(out), "--json"]) == 0

@@ -1,4 +1,4 @@
-"""`exaplan validate --local` (runtime/validate_local.py): layouts, statistics, the refit, and
+"""`exaplan validate --local` (calibration/validate_local.py): layouts, statistics, the refit, and
 one small end-to-end run through the real `exaplan run` path."""
 
 from __future__ import annotations
@@ -11,32 +11,46 @@ from pathlib import Path
 import pytest
 
 from machine_models import detect_local_machine
-from runtime import refit_local as rl
-from runtime import validate_local as vl
+from calibration import fit_runs as rl
+from calibration import validate_local as vl
+from calibration.validate_local_report import CSV_COLUMNS
 
 
 def test_default_layouts_cover_the_kinds():
     lays = vl.default_layouts(2)
     assert len(lays) >= 10
-    assert len({l["name"] for l in lays}) == len(lays)
-    joined = [" ".join(l["args"]) for l in lays]
+    assert len({l.name for l in lays}) == len(lays)
+    joined = [" ".join(l.estimate_args()) for l in lays]
     for needle in ("--shard fsdp ", "--shard fsdp-grad-op", "--shard zero1", "--tp 2", "--sp", "--no-sp",
                    "--schedule 1f1b", "--schedule gpipe", "--recompute full", "--mbs 1"):
         assert any(needle in j + " " for j in joined), needle
-    assert sorted(l["ddp_bucket_mb"] for l in lays if "ddp_bucket_mb" in l) == [25.0, 400.0]
+    assert sorted(l.ddp_bucket_mb for l in lays if l.ddp_bucket_mb) == [25.0, 400.0]
     assert not any("hsdp" in j for j in joined)
-    assert any("--shard hsdp" in " ".join(l["args"]) for l in vl.default_layouts(4))
+    assert any("--shard hsdp" in " ".join(l.estimate_args()) for l in vl.default_layouts(4))
     with pytest.raises(vl.PlanError):
         vl.default_layouts(3)
+
+
+def test_estimate_options_of_a_layout_give_the_same_layout():
+    """The `exaplan estimate` options a local layout names (in its plan's provenance and the
+    report) describe the layout it runs."""
+    from cli.estimate import layout_of
+    from cli.main import build_parser
+
+    machine = detect_local_machine(4)
+    for lay in vl.default_layouts(4, seq_len=32):
+        args = build_parser().parse_args(["estimate", "--model", "protein-tiny", "--machine", "local", "--nodes", "1",
+                                          *lay.estimate_args()])
+        assert layout_of(args, machine).row(0) == lay.layouts().row(0), lay.name
 
 
 def test_every_default_layout_plans(tmp_path):
     machine = detect_local_machine(2)
     for lay in vl.default_layouts(2, seq_len=32):
-        plan = vl.write_layout_plan("protein-tiny", machine, 2, lay, tmp_path / lay["name"] / "plan.yaml")
+        plan = vl.write_layout_plan("protein-tiny", machine, 2, lay, tmp_path / lay.name / "plan.yaml")
         assert plan.world_size == 2
-        if "ddp_bucket_mb" in lay:
-            assert plan.sharding.ddp_bucket_mb == lay["ddp_bucket_mb"]
+        if lay.ddp_bucket_mb:
+            assert plan.sharding.ddp_bucket_mb == lay.ddp_bucket_mb
         # Re-predicting from the plan gives the plan's own prediction.
         assert vl.predict(plan)["step_time_s"] == pytest.approx(plan.prediction.step_time_s, rel=1e-9)
 
@@ -72,9 +86,9 @@ def _synthetic_runs(tmp_path: Path, base, truth, names=None, phases=False) -> li
     `phases`, also metrics.jsonl records of forward+backward, clip and optimizer time)."""
     dirs = []
     for lay in vl.default_layouts(2, seq_len=32):
-        if names and lay["name"] not in names:
+        if names and lay.name not in names:
             continue
-        d = tmp_path / lay["name"]
+        d = tmp_path / lay.name
         plan = vl.write_layout_plan("protein-tiny", base, 2, lay, d / "plan.yaml")
         true = vl.predict(plan, truth)
         (d / "summary.json").write_text(json.dumps(dict(measured_step_time_s=true["step_time_s"],
@@ -148,14 +162,14 @@ def test_holdout_report_reduces_error(tmp_path):
 
 def test_run_local_validation_end_to_end(tmp_path):
     pytest.importorskip("torch")
-    lays = [l for l in vl.default_layouts(2, seq_len=32) if l["name"] in ("ddp-b25", "fsdp")]
+    lays = [l for l in vl.default_layouts(2, seq_len=32) if l.name in ("ddp-b25", "fsdp")]
     rep = vl.run_local_validation("protein-tiny", 2, tmp_path, steps=3, layouts=lays, progress=False)
     assert [r["status"] for r in rep.rows] == ["ok", "ok"], rep.rows
     for name in ("validation.csv", "validation.json", "validation.png"):
         assert (tmp_path / name).stat().st_size > 0
     with open(tmp_path / "validation.csv") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == vl.CSV_COLUMNS and [r["name"] for r in rows] == ["ddp-b25", "fsdp"]
+    assert list(rows[0]) == CSV_COLUMNS and [r["name"] for r in rows] == ["ddp-b25", "fsdp"]
     data = json.loads((tmp_path / "validation.json").read_text())
     for key in ("median_abs_step_error", "max_abs_step_error", "first_choice", "targets", "rows", "baseline_rss_gib"):
         assert key in data
@@ -168,7 +182,7 @@ def test_run_local_validation_end_to_end(tmp_path):
     runs = rl.load_runs([Path(r["run_dir"]) for r in rep.rows])
     assert len(runs) == 2
     # ... and `exaplan calibrate --from-runs` writes a refitted machine that plans.
-    from planner.cli import main as cli
+    from cli.main import main as cli
 
     out = tmp_path / "refit.yaml"
     assert cli(["calibrate", "--from-runs", *[r["run_dir"] for r in rep.rows], "-o", str(out)]) == 0

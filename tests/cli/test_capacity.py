@@ -2,7 +2,7 @@
 
 import json
 
-from planner.cli import main
+from cli.main import main
 
 
 def run(capsys, *argv):

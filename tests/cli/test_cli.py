@@ -1,7 +1,7 @@
 """The command line: JSON outputs, overrides that move the estimate, explain and schema, and
 bad input (exit code 2, one line on stderr naming the field, no traceback, nothing written).
 
-Most runs go through planner.cli.main in-process (capsys); a few run the installed entry
+Most runs go through cli.main.main in-process (capsys); a few run the installed entry
 point as a subprocess, as a user would."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from cli.main import main
 from planner.schema.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,11 +245,11 @@ def test_hsdp_default_shard_group_is_legal(capsys):
 
 
 def test_entry_point_as_subprocess(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "planner.cli", *SMALL_PLAN, "--json", "--no-write"], cwd=tmp_path,
+    ok = subprocess.run([sys.executable, "-m", "cli", *SMALL_PLAN, "--json", "--no-write"], cwd=tmp_path,
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["world_size"] == 8
-    exe = [str(EXAPLAN)] if EXAPLAN.exists() else [sys.executable, "-m", "planner.cli"]
+    exe = [str(EXAPLAN)] if EXAPLAN.exists() else [sys.executable, "-m", "cli"]
     bad = subprocess.run([*exe, "plan", *TINY, "--set", "model.layer=96", "-o", "x.yaml"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
@@ -259,12 +259,12 @@ def test_entry_point_as_subprocess(tmp_path):
 
 
 def test_planner_never_imports_torch():
-    code = ("import planner.cli, planner.search.search, planner.cost.step, planner.emit, planner.schema.plan, planner.report, "
-            "machine_models; import sys; assert 'torch' not in sys.modules, 'torch imported'")
+    code = ("import cli.main, planner.search.search, planner.cost.step, planner.emit, planner.schema.plan, planner.report, "
+            "machine_models; cli.main.build_parser(); import sys; assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     # And a whole plan run, end to end.
-    code = ("import sys; from planner.cli import main; rc = main(['plan', '--model', 'protein-tiny', '--machine', "
+    code = ("import sys; from cli.main import main; rc = main(['plan', '--model', 'protein-tiny', '--machine', "
             "'dgx-h100', '--json', '--no-write']); assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -282,3 +282,28 @@ def test_bench_reports_each_case(capsys, monkeypatch):
     assert r["chosen_layout"] and r["step_time_s"] > 0
     assert bench.main([]) == 0
     assert "protein-tiny on 2 x dgx-h100 (16 ranks)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["data", "--help"], ["data", "prepare", "--help"],
+                                  ["data", "info", "--help"], ["data", "pairs", "--help"], ["plan", "--help"],
+                                  ["calibrate", "--help"], ["validate", "--help"], ["capacity", "--help"]])
+def test_every_help_exits_0(argv, capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(argv)
+    assert ex.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: exaplan") and len(out.splitlines()) > 3
+
+
+def test_run_help_lists_the_trainer_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--steps", "--resume", "--io-mode", "--pairs", "--precompute-reference", "plan"):
+        assert option in out
+
+
+@pytest.mark.parametrize("argv", [["list", "--json"], ["data", "sample", "--json"], ["schema", "job"]])
+def test_json_output_parses(argv, capsys):
+    assert main(argv) == 0
+    json.loads(capsys.readouterr().out)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner.examples import EXAMPLES, PLANS_DIR, regenerate
+from cli.examples import EXAMPLES, PLANS_DIR, regenerate
 from planner.schema.plan import load_plan
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from machine_models import load_machine
-from planner.cli import main
+from cli.main import main
 from planner.cost import flops
 from planner.cost.layout import RC_FULL, RC_NONE, SC_NONE, SH_FSDP, SH_NONE, SH_ZERO1, Layouts
 from planner.cost.memory import GIB
@@ -135,7 +135,7 @@ def test_capacity_sweeps_dpo(capsys):
 def test_run_checks_do_not_prepare_pretraining_data_for_dpo(in_tmp):
     from types import SimpleNamespace
 
-    from planner.cli import check_run_inputs
+    from runtime.options import check_before_launch as check_run_inputs
 
     assert main(["plan", "--model", "protein-tiny", "--machine", "local", "--global-batch", "8", "--seq-len", "64",
                  "--workload", "dpo", "-o", "dpo.yaml"]) == 0

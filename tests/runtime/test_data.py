@@ -463,7 +463,10 @@ def test_ensure_prepared(tmp_path, monkeypatch):
 
 
 def test_cli(tmp_path, capsys):
-    from runtime.dataprep.cli import main
+    from cli.main import main as exaplan
+
+    def main(argv):
+        return exaplan(["data", *argv])
 
     out = tmp_path / "p"
     assert main(["prepare", "--no-progress", "-o", str(out), "--val-fraction", "0.1"]) == 0
@@ -472,5 +475,5 @@ def test_cli(tmp_path, capsys):
     assert "val" in capsys.readouterr().out
     assert main(["sample"]) == 0
     assert capsys.readouterr().out.strip() == str(sample_fasta_path())
-    with pytest.raises(PlanError, match="already exists"):
-        main(["prepare", "--no-progress", "-o", str(out)])
+    assert main(["prepare", "--no-progress", "-o", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err

@@ -244,7 +244,7 @@ def test_pair_loader_splits_global_batches_and_resumes():
 
 
 def test_bad_input_is_exit_2_with_a_message(tmp_path, capsys):
-    from planner import cli
+    from cli import main as cli
 
     pairs = write_pairs(tmp_path / "pairs")
     dpo_plan = plan_file(tmp_path, "dpo", make_plan(2, dp_shard=2, kind="fsdp"))
@@ -396,7 +396,7 @@ def _exaplan(*args: str, cwd: Path) -> None:
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, f"exaplan {' '.join(args)}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from cli.main import main
 from planner.schema.errors import PlanError
-from runtime.dataprep.cli import describe_pairs
+from runtime.dataprep.pairs_report import describe_pairs
 from runtime.dataprep.pairs import FORMAT, HEADER, SPLITS, Pair, build_pairs, load_manifest, read_pairs
 from runtime.dataprep.pairs_table import gb1_sample_path, read_scored_sequences
 
@@ -140,15 +140,15 @@ def test_cli_default_input_and_json(capsys, tmp_path):
 
 
 def test_cli_subprocess(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "planner.cli", "data", "pairs", "-o", str(tmp_path / "p")],
+    proc = subprocess.run([sys.executable, "-m", "cli", "data", "pairs", "-o", str(tmp_path / "p")],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "train" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "planner.cli", "data", "pairs", "-o", str(tmp_path / "x"),
+    proc = subprocess.run([sys.executable, "-m", "cli", "data", "pairs", "-o", str(tmp_path / "x"),
                            "--score-col", "nope"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--score-col" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x").exists()
-    proc = subprocess.run([sys.executable, "-m", "planner.cli", "data", "pairs", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "cli", "data", "pairs", "--help"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and "chosen_score" in proc.stdout and "GB1" in proc.stdout
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-EXAPLAN = [sys.executable, "-m", "planner.cli"]
+EXAPLAN = [sys.executable, "-m", "cli"]
 TINY = ["--model", "protein-tiny", "--machine", "local", "--nodes", "1", "--seq-len", "32", "--global-batch", "8"]
 
 

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from planner.cli import main as cli_main
+from cli.main import main as cli_main
 
 PLANS_DIR = Path(__file__).resolve().parent.parent / "plans"
 

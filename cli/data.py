@@ -1,50 +1,56 @@
-"""`exaplan data prepare|info|sample|pairs`: `main(argv) -> int`; and the report table of
-`exaplan data pairs`. PlanError propagates (the exaplan CLI prints it, exit 2). Preparing:
-runtime/dataprep/prepare.py; pairs: runtime/dataprep/pairs.py."""
+"""`exaplan data`: prepare FASTA into token shards (`prepare`), describe a prepared directory
+(`info`), the shipped sample's path (`sample`), and DPO preference pairs from a scored table
+(`pairs`). The work is in runtime/dataprep/ (prepare.py, cache.py, pairs.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-from collections import Counter
-from typing import Any
 
-from runtime.dataprep.cache import describe, prepared_manifest
-from runtime.dataprep.pairs import FORMAT, FORMAT_VERSION, SPLITS, build_pairs, load_manifest
-from runtime.dataprep.prepare import prepare, sample_fasta_path
+from cli.common import print_json
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`exaplan data prepare|info|sample|pairs`: PlanError propagates (the exaplan CLI prints it, exit 2)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="exaplan data", description="Protein FASTA -> token shards for `exaplan run`.")
-    sub = ap.add_subparsers(dest="action", required=True)
-    p = sub.add_parser("prepare", help="tokenise FASTA files (plain or .gz) into a prepared directory")
+def add_parser(sub) -> None:
+    d = sub.add_parser("data", help="prepare FASTA into token shards; DPO pairs (`exaplan data --help`)",
+                       description="Data for `exaplan run`: token shards from protein FASTA, and (chosen, rejected) "
+                                   "preference pairs for DPO.")
+    actions = d.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = actions.add_parser("prepare", help="tokenise FASTA files (plain or .gz) into a prepared directory",
+                           description="Stream FASTA (plain or gzip, larger than memory) into uint8 token shards and "
+                                       "an index, with a deterministic train/validation split by record id.")
     p.add_argument("fasta", nargs="*", help="FASTA files (default: the shipped UniProt sample)")
     p.add_argument("-o", "--out", required=True, help="output directory (written atomically)")
     p.add_argument("--max-len", type=int, default=1024, help="longest sequence kept, in residues (default 1024)")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="validation share, by record id hash (default 0.05)")
+    p.add_argument("--val-fraction", type=float, default=0.05,
+                   help="validation share, by record id hash (default 0.05)")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    i = sub.add_parser("info", help="describe a prepared directory")
+    i = actions.add_parser("info", help="describe a prepared directory")
     i.add_argument("dir")
     i.add_argument("--json", action="store_true", help="print the manifest")
-    sub.add_parser("sample", help="print the path of the shipped UniProt sample FASTA")
-    add_pairs_parser(sub)   # `exaplan data pairs`: DPO preference pairs (runtime/dataprep/pairs.py)
-    args = ap.parse_args(argv)
+    s = actions.add_parser("sample", help="print the path of the shipped UniProt sample FASTA")
+    s.add_argument("--json", action="store_true", help="print the path as JSON")
+    add_pairs_parser(actions)
+
+
+def run(args: argparse.Namespace) -> int:
+    from runtime.dataprep.cache import describe, prepared_manifest
+    from runtime.dataprep.prepare import prepare, sample_fasta_path
+
     if args.action == "pairs":
         return run_pairs(args)
     if args.action == "sample":
-        print(sample_fasta_path())
+        path = str(sample_fasta_path())
+        if args.json:
+            print_json(dict(path=path))
+        else:
+            print(path)
         return 0
     if args.action == "info":
-        if args.json:
-            print(json.dumps(prepared_manifest(args.dir), indent=1))
-        else:
-            print(describe(args.dir))
+        print(json.dumps(prepared_manifest(args.dir), indent=1) if args.json else describe(args.dir))
         return 0
     rep = prepare(args.fasta or [str(sample_fasta_path())], args.out, max_len=args.max_len,
                   val_fraction=args.val_fraction, seed=args.seed, progress=not args.no_progress,
@@ -57,59 +63,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  skipped {os.path.basename(ex['file'])}:{ex['line']} {ex['id']!r}: {ex['reason']} ({ex['detail']})")
     return 0
 
-
-# ----------------------------------------------------------------------------- reports
-
-
-def _num(x: float | None, width: int = 9) -> str:
-    return f"{'-':>{width}}" if x is None else f"{x:>{width}.3g}"
-
-
-def format_report(rep: dict[str, Any]) -> str:
-    """The report of `build_pairs` (or a manifest) as a table."""
-    src, rows = rep["source"], rep["rows"]
-    cols = ", ".join(f"{k} {v!r}" for k, v in rep["columns"].items() if v is not None)
-    how = (f"margin {rep['margin']:g}, up to {rep['pairs_per_sequence']} partner(s) per sequence"
-           if rep["mode"] == "scored" else "explicit pairs (no margin)")
-    if rep.get("max_pairs"):
-        how += f", at most {rep['max_pairs']:,} pairs per split"
-    lines = [f"{src['path']} ({src['rows']:,} rows, sha256 {src['sha256'][:16]}...)"
-             + (f" -> {rep['out_dir']}" if "out_dir" in rep else ""),
-             f"columns: {cols}; {how}; seed {rep['seed']}; max_len {rep['max_len']}",
-             f"split rule: {rep['split_rule']}" + (f" (val_fraction {rep['val_fraction']:g})"
-                                                   if rep.get("val_fraction") is not None else ""),
-             "",
-             f"{'split':<11}{'rows':>10}{'dropped':>9}{'sequences':>11}{'pairs':>11}"
-             f"{'diff min':>10}{'median':>9}{'max':>9}"]
-    total = Counter()
-    for s in SPLITS:
-        d = rep["difference_stats"][s] or {}
-        dropped = sum(rows["dropped_per_split"][s].values())
-        lines.append(f"{s:<11}{rows['per_split'][s]:>10,}{dropped:>9,}{rep['sequences'][s]:>11,}"
-                     f"{rep['counts'][s]:>11,}{_num(d.get('min'), 10)}{_num(d.get('median'))}{_num(d.get('max'))}")
-        total.update(rows=rows["per_split"][s], dropped=dropped, sequences=rep["sequences"][s], pairs=rep["counts"][s])
-    lines.append(f"{'total':<11}{total['rows']:>10,}{total['dropped']:>9,}{total['sequences']:>11,}{total['pairs']:>11,}")
-    lines.append("")
-    dropped = ", ".join(f"{k} {v:,}" for k, v in rows["dropped"].items() if v) or "none"
-    lines.append(f"rows dropped: {dropped}")
-    for ex in rep.get("dropped_examples", [])[:8]:
-        lines.append(f"  line {ex['line']}: {ex['reason']} ({ex['detail']})")
-    lines.append(f"pairs dropped for identical sequences: {rep['identical_pairs_dropped']:,}"
-                 + (" (duplicate sequences are dropped before pairing)" if rep["mode"] == "scored" else ""))
-    if rep["counts"]["validation"] == 0:
-        lines.append("note: no validation pairs")
-    if "seconds" in rep:
-        lines.append(f"{rep['seconds']:.1f} s")
-    return "\n".join(lines)
-
-
-def describe_pairs(pairs_dir: str | os.PathLike) -> str:
-    """A few lines about a pairs directory."""
-    m = load_manifest(pairs_dir)
-    return f"{os.path.abspath(pairs_dir)}: {FORMAT} v{FORMAT_VERSION}\n" + format_report(m)
-
-
-# ----------------------------------------------------------------------------- CLI
 
 HELP = """\
 Build (chosen, rejected) preference pairs for DPO from a CSV/TSV table (plain or .gz).
@@ -137,9 +90,7 @@ Example, the shipped GB1 sample (Olson et al. 2014 double mutants, via mavenn; t
 
 
 def add_pairs_parser(sub) -> None:
-    """The `pairs` subcommand of `exaplan data` (sub: argparse subparsers)."""
-    import argparse
-
+    """The `pairs` action of `exaplan data` (sub: argparse subparsers)."""
     p = sub.add_parser("pairs", help="build DPO preference pairs from a scored CSV/TSV (default: shipped GB1 sample)",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", nargs="?", help="CSV/TSV file, plain or .gz (default: the shipped GB1 sample)")
@@ -163,6 +114,9 @@ def add_pairs_parser(sub) -> None:
 
 
 def run_pairs(args) -> int:
+    from runtime.dataprep.pairs import build_pairs
+    from runtime.dataprep.pairs_report import format_report
+
     rep = build_pairs(args.table, args.out, sequence_col=args.sequence_col, score_col=args.score_col,
                       chosen_col=args.chosen_col, rejected_col=args.rejected_col,
                       chosen_score_col=args.chosen_score_col, rejected_score_col=args.rejected_score_col,
@@ -171,6 +125,3 @@ def run_pairs(args) -> int:
                       max_len=args.max_len, overwrite=args.overwrite)
     print(json.dumps(rep, indent=1) if args.json else format_report(rep))
     return 0
-
-
-__all__ = ["add_pairs_parser", "describe_pairs", "format_report", "main", "run_pairs"]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from runtime.validate_local import ValidationReport
+    from calibration.validate_local import ValidationReport
 
 CSV_COLUMNS = [
     "name", "status", "estimate_args", "predicted_step_time_s", "measured_step_time_s", "step_time_error",

@@ -25,9 +25,9 @@ a subprocess (the real launcher, torchrun + gloo). Then, per layout and over all
 
 Saved in OUT: validation.csv, validation.json, validation.png (predicted vs measured step
 time, one labelled point per layout, y = x). Each run's directory OUT/runs/NAME keeps its
-plan.yaml and layout.json next to summary.json, so that `refit_from_runs` (the local
-machine's efficiency figures refitted by least squares on the log step-time errors) and
-`holdout_report` (error on layouts left out of the fit, before and after) can use them later:
+plan.yaml and layout.json next to summary.json, so that calibration/fit_runs.py (the local
+machine's efficiency figures refitted by least squares on the log step-time errors, and the
+error on layouts left out of the fit, before and after) can use them later:
 `exaplan calibrate --from-runs OUT/runs/*`.
 
 Default job (stated in the report): global batch 2 sequences per rank (4 on 2 ranks), sequence
@@ -50,8 +50,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from calibration.validate_local_report import save_report
 from planner.schema.errors import PlanError
-from runtime.validate_report import CSV_COLUMNS, render, save_report  # noqa: F401 (CSV_COLUMNS: the API)
 
 GIB = float(1 << 30)
 DEFAULT_SEQ_LEN = 64
@@ -64,43 +64,83 @@ TARGETS = dict(median_abs_step_error=0.10, spearman=0.90, first_choice_miss=0.05
 # --------------------------------------------------------------------------------------------
 
 
-def default_layouts(ranks: int = 2, *, global_batch: int | None = None, seq_len: int = DEFAULT_SEQ_LEN) -> list[dict]:
-    """At least 10 different layouts on `ranks` local ranks (a power of two, >= 2), each a
-    dict: name, args (the arguments of `exaplan estimate` after --model/--machine/--nodes) and
-    optionally ddp_bucket_mb (forces that DDP bucket size; the planner otherwise picks one)."""
+@dataclass(frozen=True)
+class LocalLayout:
+    """One layout to run on this machine: a name, the degrees `Layouts.one` takes, the job
+    (fp32: the CPU's fast precision) and optionally a DDP bucket size to force (otherwise the
+    planner picks one)."""
+
+    name: str
+    dp: int
+    mbs: int
+    global_batch: int
+    seq_len: int
+    tp: int = 1
+    pp: int = 1
+    sharding: str = "none"
+    shard_group: int | None = None
+    recompute: str = "none"
+    schedule: str | None = None
+    sp: bool | None = None
+    ddp_bucket_mb: float | None = None
+
+    def layouts(self):
+        from planner.cost.layout import Layouts
+
+        return Layouts.one(dp=self.dp, mbs=self.mbs, gas=max(self.global_batch // (self.dp * self.mbs), 1), tp=self.tp,
+                           pp=self.pp, sharding=self.sharding, shard_group=self.shard_group, recompute=self.recompute,
+                           schedule=self.schedule, sp=self.sp)
+
+    def estimate_args(self) -> list[str]:
+        """The same layout as options of `exaplan estimate` (after --model/--machine/--nodes)."""
+        args = ["--dp", self.dp, "--mbs", self.mbs]
+        for flag, value, default in (("--tp", self.tp, 1), ("--pp", self.pp, 1), ("--shard", self.sharding, "none"),
+                                     ("--shard-group", self.shard_group, None), ("--recompute", self.recompute, "none"),
+                                     ("--schedule", self.schedule, None)):
+            if value != default:
+                args += [flag, value]
+        if self.sp is not None:
+            args.append("--sp" if self.sp else "--no-sp")
+        args += ["--global-batch", self.global_batch, "--seq-len", self.seq_len, "--precision", "fp32"]
+        return [str(a) for a in args]
+
+    def describe(self) -> str:
+        """The estimate options, and the forced bucket if any (the report's `estimate_args`)."""
+        bucket = f" (ddp bucket {self.ddp_bucket_mb:g} MB)" if self.ddp_bucket_mb else ""
+        return " ".join(self.estimate_args()) + bucket
+
+
+def default_layouts(ranks: int = 2, *, global_batch: int | None = None, seq_len: int = DEFAULT_SEQ_LEN) -> list[LocalLayout]:
+    """At least 10 different layouts on `ranks` local ranks (a power of two, >= 2)."""
     if ranks < 2 or ranks & (ranks - 1):
         raise PlanError(f"local validation needs a power of two of at least 2 ranks, got {ranks}", field="ranks")
     gb = global_batch or SEQUENCES_PER_RANK * ranks
     half = ranks // 2
-    job = ["--global-batch", str(gb), "--seq-len", str(seq_len), "--precision", "fp32"]
-
-    def L(name, *args, bucket=None):
-        d = dict(name=name, args=[*map(str, args), *job])
-        if bucket is not None:
-            d["ddp_bucket_mb"] = float(bucket)
-        return d
-
     mbs = gb // ranks  # one micro-batch per step on pure data parallelism
+
+    def L(name, **kw):
+        return LocalLayout(name, global_batch=gb, seq_len=seq_len, **kw)
+
     out = [
-        L("ddp-b25", "--dp", ranks, "--mbs", mbs, bucket=25),
-        L("ddp-b400", "--dp", ranks, "--mbs", mbs, bucket=400),
-        L("ddp-mbs1-gas", "--dp", ranks, "--mbs", 1),
-        L("ddp-recompute", "--dp", ranks, "--mbs", mbs, "--recompute", "full"),
-        L("fsdp", "--dp", ranks, "--mbs", mbs, "--shard", "fsdp"),
-        L("fsdp-recompute", "--dp", ranks, "--mbs", mbs, "--shard", "fsdp", "--recompute", "full"),
-        L("fsdp-grad-op", "--dp", ranks, "--mbs", mbs, "--shard", "fsdp-grad-op"),
-        L("zero1", "--dp", ranks, "--mbs", mbs, "--shard", "zero1"),
-        L("tp2", "--tp", 2, "--dp", half, "--mbs", gb // half, "--no-sp"),
-        L("tp2-sp", "--tp", 2, "--dp", half, "--mbs", gb // half, "--sp"),
-        L("pp2-1f1b", "--pp", 2, "--dp", half, "--mbs", 1, "--schedule", "1f1b"),
-        L("pp2-gpipe", "--pp", 2, "--dp", half, "--mbs", 1, "--schedule", "gpipe"),
+        L("ddp-b25", dp=ranks, mbs=mbs, ddp_bucket_mb=25.0),
+        L("ddp-b400", dp=ranks, mbs=mbs, ddp_bucket_mb=400.0),
+        L("ddp-mbs1-gas", dp=ranks, mbs=1),
+        L("ddp-recompute", dp=ranks, mbs=mbs, recompute="full"),
+        L("fsdp", dp=ranks, mbs=mbs, sharding="fsdp"),
+        L("fsdp-recompute", dp=ranks, mbs=mbs, sharding="fsdp", recompute="full"),
+        L("fsdp-grad-op", dp=ranks, mbs=mbs, sharding="fsdp-grad-op"),
+        L("zero1", dp=ranks, mbs=mbs, sharding="zero1"),
+        L("tp2", tp=2, dp=half, mbs=gb // half, sp=False),
+        L("tp2-sp", tp=2, dp=half, mbs=gb // half, sp=True),
+        L("pp2-1f1b", pp=2, dp=half, mbs=1, schedule="1f1b"),
+        L("pp2-gpipe", pp=2, dp=half, mbs=1, schedule="gpipe"),
     ]
     if ranks >= 4:
-        out.append(L("hsdp", "--dp", ranks, "--mbs", mbs, "--shard", "hsdp", "--shard-group", 2))
+        out.append(L("hsdp", dp=ranks, mbs=mbs, sharding="hsdp", shard_group=2))
     return out
 
 
-def _resolve_machine(machine, ranks: int):
+def resolve_machine(machine, ranks: int):
     from machine_models import load_machine
     from planner.schema.specs import MachineModel
 
@@ -109,34 +149,29 @@ def _resolve_machine(machine, ranks: int):
     return load_machine(machine, ranks=ranks) if str(machine) == "local" else load_machine(machine)
 
 
-def write_layout_plan(model: str, machine, ranks: int, layout: dict, path: Path):
+def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path: Path):
     """Write the plan of one layout, as `exaplan estimate --model MODEL --machine local
     --nodes 1 ARGS -o PATH` would (the same functions; the machine may be a MachineModel, and
-    layout["ddp_bucket_mb"] forces the DDP bucket). Returns the plan."""
-    from planner import cli
+    layout.ddp_bucket_mb forces the DDP bucket). Returns the plan."""
     from planner.cost.step import DDP_BUCKETS_MB, evaluate
     from planner.emit import build_plan
     from planner.inputs import load_model, make_job
     from planner.schema.plan import write_plan
     from planner.search.space import layout_problems
 
-    mach = _resolve_machine(machine, ranks)
+    mach = resolve_machine(machine, ranks)
     name = machine if isinstance(machine, str) else "local"
-    argv = ["estimate", "--model", model, "--machine", name, "--nodes", "1", *layout["args"]]
-    args = cli.build_parser().parse_args(argv)
-    if args.global_batch is None:
-        args.global_batch = args.dp * args.mbs
     spec = load_model(model)
     world = mach.devices_per_node
-    job = make_job(spec, mach, world, args.global_batch, args.seq_len, args.precision, args.token_budget)
-    lay = cli._layout_from_args(args, mach)
+    job = make_job(spec, mach, world, layout.global_batch, layout.seq_len, "fp32", None)
+    lay = layout.layouts()
     problems = layout_problems(spec, job, world, lay)
     if problems:
-        raise PlanError(f"layout {layout['name']}: " + "; ".join(problems))
-    buckets = (float(layout["ddp_bucket_mb"]),) if layout.get("ddp_bucket_mb") else DDP_BUCKETS_MB
+        raise PlanError(f"layout {layout.name}: " + "; ".join(problems))
+    buckets = (float(layout.ddp_bucket_mb),) if layout.ddp_bucket_mb else DDP_BUCKETS_MB
     ev = evaluate(spec, mach, job, lay, ddp_buckets_mb=buckets)
-    command = shlex.join(["exaplan", *argv, "-o", str(path)])
-    plan = build_plan(spec, mach, job, 1, lay, ev, 0, command=command)
+    argv = ["estimate", "--model", model, "--machine", name, "--nodes", "1", *layout.estimate_args()]
+    plan = build_plan(spec, mach, job, 1, lay, ev, 0, command=shlex.join(["exaplan", *argv, "-o", str(path)]))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_plan(plan, path)
     return plan
@@ -295,7 +330,7 @@ def measure_baseline_rss_gib(timeout_s: float = 120.0, env: dict[str, str] | Non
 def run_one(plan_path: Path, run_dir: Path, steps: int, data_dir: Path | None, timeout_s: float = 900.0,
             extra_env: dict[str, str] | None = None) -> tuple[int, str]:
     """`exaplan run PLAN --steps N --out DIR` as a subprocess (returns code, output tail)."""
-    cmd = [sys.executable, "-m", "planner.cli", "run", str(plan_path), "--steps", str(steps), "--out", str(run_dir),
+    cmd = [sys.executable, "-m", "cli", "run", str(plan_path), "--steps", str(steps), "--out", str(run_dir),
            "--val-every", "0", "--val-batches", "1", "--log-every", "1000"]
     if data_dir is not None:
         cmd += ["--data", str(data_dir)]
@@ -309,7 +344,7 @@ def run_one(plan_path: Path, run_dir: Path, steps: int, data_dir: Path | None, t
     return res.returncode, (res.stdout + res.stderr)[-3000:]
 
 
-def _row_from_run(layout: dict, plan, run_dir: Path, baseline: float | None, reserve_gib: float,
+def _row_from_run(layout: LocalLayout, plan, run_dir: Path, baseline: float | None, reserve_gib: float,
                   step_times: Sequence[float] = (), memory_gib: float | None = None) -> dict:
     """One layout's row: the step time is the median over its timing runs (`step_times`,
     default that of run_dir's summary), the memory the memory run's (default run_dir's)."""
@@ -322,8 +357,7 @@ def _row_from_run(layout: dict, plan, run_dir: Path, baseline: float | None, res
     st = plan.prediction.step_time
     ex = {k.value if hasattr(k, "value") else str(k): v for k, v in st.exposed_comm_s.items()}
     return dict(
-        name=layout["name"], status="ok", estimate_args=" ".join(layout["args"]) +
-        (f" (ddp bucket {layout['ddp_bucket_mb']:g} MB)" if layout.get("ddp_bucket_mb") else ""),
+        name=layout.name, status="ok", estimate_args=layout.describe(),
         predicted_step_time_s=pred_t, measured_step_time_s=meas_t, step_time_error=_err(meas_t, pred_t),
         predicted_memory_gib=pred_m, measured_memory_gib=meas_m, memory_error_raw=_err(meas_m, pred_m),
         predicted_memory_net_gib=pred_net, measured_memory_net_gib=meas_net, memory_error=_err(meas_net, pred_net),
@@ -331,6 +365,78 @@ def _row_from_run(layout: dict, plan, run_dir: Path, baseline: float | None, res
         predicted_pp_s=ex.get("pp", 0.0), predicted_bubble_s=st.bubble_s, predicted_optimizer_s=st.optimizer_s,
         run_dir=str(run_dir),
     )
+
+
+@dataclass
+class _Runs:
+    """The runs of one validation and what they gathered, per layout name."""
+
+    out: Path
+    steps: int
+    data_dir: Path
+    keep_checkpoints: bool = False
+    plans: dict[str, Any] = field(default_factory=dict)
+    failed: dict[str, dict] = field(default_factory=dict)
+    times: dict[str, list[float]] = field(default_factory=dict)
+    memory: dict[str, float | None] = field(default_factory=dict)
+    walls: dict[str, float] = field(default_factory=dict)
+    job: dict | None = None
+
+    def dir(self, lay: LocalLayout) -> Path:
+        return self.out / "runs" / lay.name
+
+    def fail(self, lay: LocalLayout, status: str, tail: str = "") -> None:
+        self.failed[lay.name] = dict(name=lay.name, status=status, estimate_args=lay.describe(),
+                                     run_dir=str(self.dir(lay)), **({"output_tail": tail[-1500:]} if tail else {}))
+
+    def plan(self, lay: LocalLayout, model: str, mach, ranks: int) -> None:
+        """Write the layout's plan (a layout the planner refuses is reported, not run)."""
+        run_dir = self.dir(lay)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        try:
+            self.plans[lay.name] = write_layout_plan(model, mach, ranks, lay, run_dir / "plan.yaml")
+        except PlanError as e:
+            self.fail(lay, f"not planned: {e}")
+            return
+        self.job = self.job or self.plans[lay.name].job.model_dump(mode="json")
+        (run_dir / "layout.json").write_text(json.dumps(asdict(lay), indent=2))
+
+    def time(self, lay: LocalLayout, repeat: int) -> None:
+        """One timing run (repeats after the first go to LAYOUT/repeat-N)."""
+        run_dir = self.dir(lay)
+        target = run_dir if repeat == 0 else run_dir / f"repeat-{repeat}"
+        t0 = time.perf_counter()
+        code, tail = run_one(run_dir / "plan.yaml", target, self.steps, self.data_dir)
+        self.walls[lay.name] = self.walls.get(lay.name, 0.0) + time.perf_counter() - t0
+        if not self.keep_checkpoints:
+            shutil.rmtree(target / "checkpoints", ignore_errors=True)
+        if code != 0 or not (target / "summary.json").exists():
+            self.fail(lay, f"run failed ({code})", tail)
+        else:
+            summary = json.loads((target / "summary.json").read_text())
+            self.times.setdefault(lay.name, []).append(summary["measured_step_time_s"])
+
+    def measure_memory(self, lay: LocalLayout) -> None:
+        """A short run with MEMORY_RUN_ENV: its RSS high-water mark follows the live tensors."""
+        target = self.dir(lay) / "memory"
+        code, _ = run_one(self.dir(lay) / "plan.yaml", target, MEMORY_RUN_STEPS, self.data_dir, extra_env=MEMORY_RUN_ENV)
+        shutil.rmtree(target / "checkpoints", ignore_errors=True)
+        ok = code == 0 and (target / "summary.json").exists()
+        self.memory[lay.name] = json.loads((target / "summary.json").read_text()).get("peak_memory_gib") if ok else None
+
+    def rows(self, layouts: Sequence[LocalLayout], baseline: float | None, reserve_gib: float) -> list[dict]:
+        rows = []
+        for lay in layouts:
+            if lay.name in self.failed:
+                rows.append(self.failed[lay.name])
+                continue
+            times = self.times.get(lay.name, [])
+            row = _row_from_run(lay, self.plans[lay.name], self.dir(lay), baseline, reserve_gib, step_times=times,
+                                memory_gib=self.memory.get(lay.name))
+            rows.append({**row, "wall_s": self.walls.get(lay.name, 0.0), "step_time_runs_s": times})
+        return rows
 
 
 def run_local_validation(model: str, ranks: int, out: Path, steps: int = 8, machine="local", layouts=None,
@@ -353,117 +459,31 @@ def run_local_validation(model: str, ranks: int, out: Path, steps: int = 8, mach
         raise PlanError("must be at least 1", field="repeats")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    mach = _resolve_machine(machine, ranks)
+    mach = resolve_machine(machine, ranks)
     layouts = list(layouts if layouts is not None else default_layouts(ranks))
-    console = console or Console(highlight=False)
-    data_dir = ensure_prepared(None, out / "data", rank=0, progress=False)
+    runs = _Runs(out, steps, ensure_prepared(None, out / "data", rank=0, progress=False), keep_checkpoints)
     baseline = measure_baseline_rss_gib(env=MEMORY_RUN_ENV if memory_runs else None)
-    job = None
-    plans: dict[str, Any] = {}
-    failed: dict[str, dict] = {}
-    times: dict[str, list[float]] = {lay["name"]: [] for lay in layouts}
-    memory: dict[str, float | None] = {}
-    walls: dict[str, float] = {}
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=console, transient=True, disable=not progress)
-
-    def fail(lay, status, run_dir, tail=""):
-        failed[lay["name"]] = dict(name=lay["name"], status=status, estimate_args=" ".join(lay["args"]),
-                                   run_dir=str(run_dir), **({"output_tail": tail[-1500:]} if tail else {}))
-
+                   console=console or Console(highlight=False), transient=True, disable=not progress)
     with bar:
         task = bar.add_task("validating", total=len(layouts) * (repeats + (1 if memory_runs else 0)))
-        for lay in layouts:  # plans first: a layout the planner refuses is reported, not run
-            run_dir = out / "runs" / lay["name"]
-            if run_dir.exists():
-                shutil.rmtree(run_dir)
-            run_dir.mkdir(parents=True)
-            try:
-                plans[lay["name"]] = write_layout_plan(model, mach, ranks, lay, run_dir / "plan.yaml")
-            except PlanError as e:
-                fail(lay, f"not planned: {e}", run_dir)
-                continue
-            job = job or plans[lay["name"]].job.model_dump(mode="json")
-            (run_dir / "layout.json").write_text(json.dumps(lay, indent=2))
+        for lay in layouts:
+            runs.plan(lay, model, mach, ranks)
         for r in range(repeats):
             for lay in layouts:
-                name = lay["name"]
-                bar.update(task, description=f"{name:16s} timing {r + 1}/{repeats}")
-                if name in failed:
-                    bar.advance(task)
-                    continue
-                run_dir = out / "runs" / name
-                target = run_dir if r == 0 else run_dir / f"repeat-{r}"
-                t0 = time.perf_counter()
-                code, tail = run_one(run_dir / "plan.yaml", target, steps, data_dir)
-                walls[name] = walls.get(name, 0.0) + time.perf_counter() - t0
-                if not keep_checkpoints:
-                    shutil.rmtree(target / "checkpoints", ignore_errors=True)
-                if code != 0 or not (target / "summary.json").exists():
-                    fail(lay, f"run failed ({code})", run_dir, tail)
-                else:
-                    times[name].append(json.loads((target / "summary.json").read_text())["measured_step_time_s"])
+                bar.update(task, description=f"{lay.name:16s} timing {r + 1}/{repeats}")
+                if lay.name not in runs.failed:
+                    runs.time(lay, r)
                 bar.advance(task)
         for lay in layouts if memory_runs else ():
-            name = lay["name"]
-            bar.update(task, description=f"{name:16s} memory")
-            if name not in failed:
-                target = out / "runs" / name / "memory"
-                code, _ = run_one(out / "runs" / name / "plan.yaml", target, MEMORY_RUN_STEPS, data_dir,
-                                  extra_env=MEMORY_RUN_ENV)
-                shutil.rmtree(target / "checkpoints", ignore_errors=True)
-                ok = code == 0 and (target / "summary.json").exists()
-                memory[name] = json.loads((target / "summary.json").read_text()).get("peak_memory_gib") if ok else None
+            bar.update(task, description=f"{lay.name:16s} memory")
+            if lay.name not in runs.failed:
+                runs.measure_memory(lay)
             bar.advance(task)
-    rows: list[dict] = []
-    for lay in layouts:
-        name = lay["name"]
-        if name in failed:
-            rows.append(failed[name])
-            continue
-        row = _row_from_run(lay, plans[name], out / "runs" / name, baseline, mach.memory_reserve_gib,
-                            step_times=times[name], memory_gib=memory.get(name))
-        row["wall_s"] = walls.get(name, 0.0)
-        row["step_time_runs_s"] = times[name]
-        rows.append(row)
-    rep = ValidationReport(model=model, machine=mach.name, ranks=ranks, steps=steps, job=job or {}, rows=rows,
-                           baseline_rss_gib=baseline, memory_reserve_gib=mach.memory_reserve_gib)
-    for k, v in summarise(rows).items():
+    rep = ValidationReport(model=model, machine=mach.name, ranks=ranks, steps=steps, job=runs.job or {},
+                           rows=runs.rows(layouts, baseline, mach.memory_reserve_gib), baseline_rss_gib=baseline,
+                           memory_reserve_gib=mach.memory_reserve_gib)
+    for k, v in summarise(rep.rows).items():
         setattr(rep, k, v)
     save_report(rep, out)
     return rep
-
-
-# --------------------------------------------------------------------------------------------
-# Command line (the lead wires `exaplan validate --local` to this)
-# --------------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="exaplan validate --local", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="protein-small")
-    ap.add_argument("--machine", default="local")
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--out", default="runs/validate-local")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--no-memory-runs", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    try:
-        rep = run_local_validation(args.model, args.ranks, Path(args.out), steps=args.steps, machine=args.machine,
-                                   progress=not args.json, repeats=args.repeats, memory_runs=not args.no_memory_runs)
-    except PlanError as e:
-        print(f"exaplan validate: error: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(rep.to_json(), indent=2))
-    else:
-        render(rep)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

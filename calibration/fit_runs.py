@@ -17,8 +17,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from calibration.figures import BOUNDS, figures_of, with_figures
+from calibration.validate_local import predict, resolve_machine
 from planner.schema.errors import PlanError
-from runtime.validate_local import _resolve_machine, predict
 
 # Figures `refit_from_runs` fits unless told otherwise (calibration/figures.py lists every one it can).
 FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "step_overhead_s", "op_overhead_us", "dtensor_op_overhead_us",
@@ -104,7 +104,7 @@ def refit_from_runs(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGU
     if machine is None:
         base = runs[0].plan.machine
     else:
-        base = _resolve_machine(machine, ranks or runs[0].plan.machine.devices_per_node)
+        base = resolve_machine(machine, ranks or runs[0].plan.machine.devices_per_node)
     figures = list(figures)
     x0 = np.array(list(figures_of(base, figures).values()), float)
     lo = np.array([BOUNDS[f][0] for f in figures])
@@ -140,7 +140,7 @@ def holdout_report(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGUR
     train = [r for r in runs if r not in test]
     if not train or not test:
         raise PlanError("needs at least 2 runs to hold some out", field="runs")
-    base = runs[0].plan.machine if machine is None else _resolve_machine(machine, runs[0].plan.machine.devices_per_node)
+    base = runs[0].plan.machine if machine is None else resolve_machine(machine, runs[0].plan.machine.devices_per_node)
     fitted = refit_from_runs(None, base, figures, runs=train)
 
     def errors(rs, m):
@@ -157,3 +157,27 @@ def holdout_report(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGUR
         out[f"median_abs_{k}"] = med(out[k])
     out["machine"] = fitted
     return out
+
+
+def refit_to_file(run_dirs: Sequence[Path], base, out: Path, command: str) -> tuple[Any, dict[str, Any] | None]:
+    """`exaplan calibrate --from-runs`: refit `base` on every run folder and write the machine
+    to `out` atomically (a header names the command and the runs). With 4 runs or more, also
+    the step-time error on held-out layouts before and after (`holdout_report`). Returns the
+    fitted machine and that summary (None with fewer runs)."""
+    import yaml
+
+    from calibration.fit_measurements import atomic_write
+
+    dirs = [Path(d) for d in run_dirs]
+    for d in dirs:
+        if not (d / "summary.json").exists() or not (d / "plan.yaml").exists():
+            raise PlanError(f"{d}: not a finished `exaplan run` folder (needs summary.json and plan.yaml)",
+                            field="--from-runs")
+    report = holdout_report(dirs, base) if len(dirs) >= 4 else None
+    machine = refit_from_runs(dirs, base)
+    names = [f"{d.parent.name}/{d.name}" if d.name.startswith("repeat-") else d.name for d in dirs]
+    header = f"# Refitted by: {command}\n# from {len(dirs)} runs: {', '.join(names)}\n"
+    atomic_write(out, header + yaml.safe_dump(machine.model_dump(mode="json"), sort_keys=False))
+    keys = ("median_abs_test_before", "median_abs_test_after", "median_abs_train_before", "median_abs_train_after",
+            "figures_before", "figures_after", "train", "test")
+    return machine, None if report is None else {k: report[k] for k in keys}

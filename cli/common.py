@@ -1,0 +1,120 @@
+"""What several subcommands share: the model/machine/job options, reading them into specs,
+the console, and JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from planner.schema.errors import PlanError
+
+MODEL_HELP = "preset (protein-3.5b, protein-7b, protein-70b, protein-small, protein-tiny) or a ModelSpec YAML file"
+MACHINE_HELP = ("preset (aurora, alps, frontier, leonardo, pdx, dgx-a100-80gb, dgx-h100, local) or a MachineModel "
+                "YAML file")
+SET_HELP = ("override a spec field by dotted path, repeatable: model.layers=96, model.vocab_size=51200, "
+            "machine.nics_per_node=4, machine.nic_gbit_s=400 (per NIC per direction, Gbit/s), "
+            "machine.overlap.dp=0.5 ... ")
+WORKLOAD_HELP = ("pretrain (next-token loss), or dpo: preference tuning on (chosen, rejected) pairs; the global batch "
+                 "counts pairs, both sequences run through the policy, plus a frozen reference model")
+REFERENCE_HELP = ("dpo: the reference model runs its forward passes in every step and is held in memory (in-step, "
+                  "default), or its log-probabilities were precomputed once (exaplan run --precompute-reference)")
+
+
+def add_job_options(p: argparse.ArgumentParser, nodes_required: bool = False) -> None:
+    """--model, --machine, --nodes and the job: what `plan` and `estimate` take."""
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--machine", required=True, help=MACHINE_HELP)
+    p.add_argument("--nodes", type=int, default=None if nodes_required else 1, required=nodes_required,
+                   help="nodes to use (default 1)")
+    p.add_argument("--global-batch", type=int,
+                   help="sequences per optimizer step, held fixed (default: 8 per rank, as in the seed runs)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"],
+                   help="compute precision (default: bf16 on GPUs, fp32 on CPUs); accumulation and reduction are fp32")
+    p.add_argument("--token-budget", type=float, help="tokens to train on, for time-to-train (default 1e9)")
+    add_workload_options(p)
+    add_set_option(p)
+    add_json_option(p)
+
+
+def add_workload_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=["pretrain", "dpo"], default="pretrain", help=WORKLOAD_HELP)
+    p.add_argument("--reference", choices=["in-step", "precomputed"], default="in-step", help=REFERENCE_HELP)
+
+
+def add_set_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP)
+
+
+def add_json_option(p: argparse.ArgumentParser, what: str = "print JSON instead of tables") -> None:
+    p.add_argument("--json", action="store_true", help=what)
+
+
+def load_specs(args):
+    """(model, machine) from --model/--machine with every --set override applied."""
+    from machine_models import load_machine
+    from planner.inputs import apply_overrides, check_overrides, load_model, parse_override
+
+    overrides = [parse_override(o) for o in args.overrides]
+    check_overrides(overrides, ("model", "machine"))
+    model = apply_overrides(load_model(args.model), "model", overrides)
+    machine = apply_overrides(load_machine(args.machine), "machine", overrides)
+    return model, machine
+
+
+def job_for(args, model, machine, world: int, token_budget: float | None = None):
+    """The job of the options for a world of `world` ranks."""
+    from planner.inputs import make_job
+
+    return make_job(model, machine, world, args.global_batch, args.seq_len, args.precision,
+                    token_budget if token_budget is not None else getattr(args, "token_budget", None),
+                    args.workload, args.reference)
+
+
+def load_inputs(args):
+    """(model, machine, job) for `--nodes` nodes."""
+    model, machine = load_specs(args)
+    if args.nodes is not None and args.nodes <= 0:
+        raise PlanError("must be a positive number of nodes", field="nodes")
+    return model, machine, job_for(args, model, machine, args.nodes * machine.devices_per_node)
+
+
+def console():
+    """A rich console at least 100 columns wide (140 when not a terminal)."""
+    import shutil
+
+    from rich.console import Console
+
+    width = shutil.get_terminal_size((140, 40)).columns if sys.stdout.isatty() else 140
+    return Console(stderr=False, highlight=False, width=max(width, 100))
+
+
+def print_json(obj) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+def command_line() -> str:
+    """The command that is running, for a plan's provenance."""
+    return shlex.join(["exaplan", *sys.argv[1:]])
+
+
+def evaluation_json(ev, i: int) -> dict:
+    """One row of an Evaluation as plain JSON (times in s, memory in GiB)."""
+    gib = 2.0**30
+    return dict(
+        step_time_s=float(ev.step_time_s[i]), tokens_per_s=float(ev.tokens_per_s[i]),
+        model_tflops_per_device=float(ev.model_tflops_per_device[i]),
+        hardware_tflops_per_device=float(ev.hardware_tflops_per_device[i]), mfu=float(ev.mfu[i]),
+        memory_gib_per_device=float(ev.memory.total[i] / gib), fits=bool(ev.memory.fits[i]),
+        time_to_train_days=float(ev.time_to_train_days[i]),
+        breakdown=dict(
+            compute_s=float(ev.compute_s[i]), bubble_s=float(ev.bubble_s[i]), optimizer_s=float(ev.optimizer_s[i]),
+            exposed_dp_s=float(ev.dp_s[i]), exposed_tp_s=float(ev.tp_s[i]), exposed_pp_s=float(ev.pp_s[i]),
+            exposed_cp_s=float(ev.cp_s[i]),
+            parameters_gib=float(ev.memory.parameters[i] / gib), gradients_gib=float(ev.memory.gradients[i] / gib),
+            optimizer_gib=float(ev.memory.optimizer[i] / gib), activations_gib=float(ev.memory.activations[i] / gib),
+            buffers_gib=float(ev.memory.buffers[i] / gib), reserve_gib=float(ev.memory.reserve[i] / gib),
+        ),
+    )

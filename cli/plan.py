@@ -1,0 +1,71 @@
+"""`exaplan plan`: search every legal layout, print the best, write the best plan."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli.common import add_job_options, command_line, console, evaluation_json, load_inputs, print_json
+from planner.schema.errors import PlanError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="search all legal layouts, print the best, write the best plan",
+                       description="Search every legal layout of the job on the machine, rank by predicted step time "
+                                   "(then memory), print the top K and why the best won, and write the best plan.")
+    add_job_options(p)
+    p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default plan.yaml; .json for JSON)")
+    p.add_argument("--no-write", action="store_true", help="print only; write no plan file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.emit import build_plan
+    from planner.report import layout_label, why_best
+    from planner.schema.plan import write_plan
+    from planner.search.search import search
+
+    if args.top <= 0:
+        raise PlanError("must be at least 1", field="top")
+    model, machine, job = load_inputs(args)
+    out = None if args.json else console()
+    if out is None:
+        result = search(model, machine, job, args.nodes, top_k=args.top)
+    else:
+        with out.status(f"searching layouts of {model.name} on {args.nodes} x {machine.name} ..."):
+            result = search(model, machine, job, args.nodes, top_k=args.top)
+    lay, ev = result.layouts, result.evaluation
+    plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line())
+    if not args.no_write:
+        write_plan(plan, args.output)
+    stats = dict(legal_layouts=result.total_layouts, layouts_scored=result.layouts_scored, fitting=result.fitting,
+                 search_seconds=round(result.seconds, 4),
+                 layouts_per_second=round(result.layouts_scored / max(result.seconds, 1e-9)))
+    if args.json:
+        print_json(dict(search=stats, world_size=result.world, global_batch=job.global_batch,
+                        top=[dict(layout=layout_label(lay, i), **evaluation_json(ev, i)) for i in range(len(lay))],
+                        why=why_best(lay, ev), plan_file=None if args.no_write else args.output,
+                        plan=plan.model_dump(mode="json")))
+        return 0
+    _print(out, args, model, machine, job, result, plan, stats)
+    return 0
+
+
+def _print(out, args, model, machine, job, result, plan, stats) -> None:
+    from planner.report import breakdown_table, memory_table, top_table, why_best
+
+    lay, ev = result.layouts, result.evaluation
+    out.print(f"[b]{model.name}[/b] on {args.nodes} x {machine.name} = {result.world:,} ranks; global batch "
+              f"{job.global_batch:,} x {job.seq_len} tokens, {job.precision.value}")
+    out.print(f"searched {result.total_layouts:,} legal layouts ({result.layouts_scored:,} with collective-algorithm "
+              f"choices) in {result.seconds:.3f} s ({stats['layouts_per_second']:,.0f} /s); {result.fitting:,} fit in "
+              f"{machine.device_memory_gib:g} GiB per device")
+    out.print(top_table(lay, ev, f"Top {len(lay)} layouts"))
+    out.print(why_best(lay, ev))
+    out.print(breakdown_table(ev, 0))
+    out.print(memory_table(ev, 0, machine.device_memory_gib))
+    env = " ".join(f"{k}={v!r}" for k, v in plan.collectives.env.items())
+    if env:
+        out.print(f"collective settings: {env}")
+    out.print(f"time to train {job.token_budget:.3g} tokens: {ev.time_to_train_days[0]:.2f} days")
+    if not args.no_write:
+        out.print(f"wrote {args.output}  (run `exaplan explain {args.output}` for the full report)")

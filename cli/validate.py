@@ -1,0 +1,73 @@
+"""`exaplan validate`: predictions against published training runs (`--published`) or against
+layouts run on this machine (`--local`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cli.common import add_json_option, console, print_json
+
+
+def add_parser(sub) -> None:
+    v = sub.add_parser("validate", help="compare predictions with published training runs or with local runs",
+                       description="--published: predict every published run (calibration/published.py) and print "
+                                   "predicted vs published with the error, its median and max, and optionally "
+                                   "leave-one-out errors. --local: run at least 10 layouts on this machine through "
+                                   "`exaplan run` and compare measured with predicted step time and memory.")
+    which = v.add_mutually_exclusive_group(required=True)
+    which.add_argument("--published", action="store_true", help="check against the published runs")
+    which.add_argument("--local", action="store_true",
+                       help="run at least 10 layouts on this machine through `exaplan run` and compare measured with "
+                            "predicted (CSV, JSON, PNG in --out)")
+    v.add_argument("--model", default="protein-small", help="with --local: the model (default protein-small)")
+    v.add_argument("--machine", default="local", help="with --local: the machine model to predict with (default local)")
+    v.add_argument("--ranks", type=int, default=2, help="with --local: ranks (default 2)")
+    v.add_argument("--steps", type=int, default=8, help="with --local: steps per layout (default 8)")
+    v.add_argument("--repeats", type=int, default=1,
+                   help="with --local: timing runs per layout, in rounds over all layouts; the median is kept (default 1)")
+    v.add_argument("--no-memory-runs", action="store_true",
+                   help="with --local: take memory from the timing runs' RSS instead of a separate short run with a "
+                        "fixed malloc mmap threshold (whose RSS follows the live tensors)")
+    v.add_argument("--out", default="runs/validate-local", help="with --local: output folder")
+    v.add_argument("--refit", action="store_true",
+                   help="with --published: refit the per-device-kind and per-framework figures and save them in "
+                        "machine_models/device_kinds.yaml")
+    v.add_argument("--loo", action="store_true",
+                   help="with --published: also leave-one-out errors: refit without each run and predict it "
+                        "(about a minute)")
+    add_json_option(v)
+
+
+def run(args: argparse.Namespace) -> int:
+    return _local(args) if args.local else _published(args)
+
+
+def _published(args) -> int:
+    from calibration import validate_published as validate
+
+    if args.json or not (args.refit or args.loo):
+        rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
+    else:
+        out = console()
+        with out.status("fitting the figures" + (" and leave-one-out refits (about a minute)" if args.loo else "")
+                        + " ..."):
+            rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
+    if args.json:
+        print_json(validate.published_json(rows))
+        return 0
+    validate.render_published(rows, console())
+    return 0
+
+
+def _local(args) -> int:
+    from calibration.validate_local import run_local_validation
+    from calibration.validate_local_report import render
+
+    rep = run_local_validation(args.model, args.ranks, Path(args.out), steps=args.steps, machine=args.machine,
+                               progress=not args.json, repeats=args.repeats, memory_runs=not args.no_memory_runs)
+    if args.json:
+        print_json(rep.to_json())
+    else:
+        render(rep)
+    return 0

@@ -1,0 +1,89 @@
+"""The options of one training run (`exaplan run PLAN ...`), declared once: the command line
+shows them (`exaplan run --help`) and every rank that torchrun starts reads them again
+(`python -m runtime.trainer ...`). No torch here: checking the options must not start it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.schema.errors import PlanError
+
+DESCRIPTION = ("Train the protein LM as the plan says. On a workstation this starts the plan's ranks through "
+               "torchrun; under torchrun, srun, mpiexec or PBS/PALS every process runs as one rank. Writes "
+               "metrics.jsonl, TensorBoard events, checkpoints and summary.json (measured against predicted) in --out.")
+
+
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
+    """The run's options, on `ap`."""
+    ap.add_argument("plan", help="plan file (`exaplan plan ... -o plan.yaml`)")
+    ap.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
+    ap.add_argument("--data", help="FASTA file(s, comma-separated) or a prepared directory (default: the shipped "
+                                   "UniProt sample)")
+    ap.add_argument("--out", default="runs/latest", help="output directory (metrics, checkpoints, summary)")
+    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out/checkpoints")
+    ap.add_argument("--io-mode", choices=["real", "synthetic", "io-only"], default="real",
+                    help="real data; one batch reused (no loading); or the loader alone without compute")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data order (default 0)")
+    ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of AdamW (default 3e-4)")
+    ap.add_argument("--warmup", type=int, default=10, help="linear warm-up steps, then cosine decay to 10%% (default 10)")
+    ap.add_argument("--val-every", type=int, default=50, help="validation loss every N steps (0: only at the end)")
+    ap.add_argument("--val-batches", type=int, default=4, help="batches per validation (default 4)")
+    ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
+    ap.add_argument("--log-every", type=int, default=10, help="print a line every N steps (default 10)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each block (the plan may ask for it too)")
+    ap.add_argument("--log-samples", action="store_true",
+                    help="record the global sample numbers of every step in metrics.jsonl (to check resumption)")
+    ap.add_argument("--init", metavar="CKPT_DIR", help="start from the model weights of a checkpoint (a checkpoint, "
+                    "a folder of them or a run folder; not its optimizer or data state; any layout)")
+    dpo = ap.add_argument_group("DPO (plans with job.workload: dpo; see runtime/dpo.py)")
+    dpo.add_argument("--pairs", metavar="DIR", help="preference pairs (`exaplan data pairs`): train/validation.tsv")
+    dpo.add_argument("--beta", type=float, help="DPO temperature beta (default 0.1)")
+    dpo.add_argument("--label-smoothing", type=float, help="label smoothing eps (conservative DPO; default 0)")
+    dpo.add_argument("--reference", metavar="CKPT_DIR", help="reference model weights (default: the initial policy)")
+    dpo.add_argument("--precompute-reference", action="store_true",
+                     help="reference log-probs of every pair computed once (OUT/reference_logps.npz), no reference "
+                          "model in memory during training")
+    dpo.add_argument("--val-pairs", type=int, default=0, help="validate on the first N validation pairs (0: all)")
+
+
+def parse_run_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options of one rank (usage errors exit 2, as argparse does)."""
+    ap = argparse.ArgumentParser(prog="exaplan run", description=DESCRIPTION)
+    add_run_arguments(ap)
+    return ap.parse_args(argv)
+
+
+def check_run_args(args: argparse.Namespace):
+    """The plan, read and checked against the options (the DPO options against the plan's
+    workload), so that bad input is refused with exit code 2 before any rank starts.
+    Returns the plan."""
+    from planner.schema.plan import load_plan
+
+    plan = load_plan(args.plan)
+    if plan.job.workload.value == "dpo" or args.init or args.pairs or args.reference or args.precompute_reference \
+            or args.beta is not None or args.label_smoothing is not None:  # (runtime.dpo imports torch: only then)
+        from runtime import dpo
+
+        dpo.check_args(args, plan)
+    return plan
+
+
+def check_before_launch(args: argparse.Namespace, plan=None) -> None:
+    """What can be refused before any rank starts: steps, the output folder, the data (the
+    pretraining sequences, prepared here once; a dpo plan trains on --pairs, which the
+    trainer checks)."""
+    from runtime import checkpoint
+    from runtime.dataprep.cache import ensure_prepared
+
+    if args.steps <= 0:
+        raise PlanError("must be a positive number of steps", field="steps")
+    ckpts = Path(args.out) / "checkpoints"
+    if args.resume and checkpoint.latest(ckpts) is None:
+        raise PlanError(f"no complete checkpoint in {ckpts} to resume from", field="--resume")
+    if not args.resume and checkpoint.latest(ckpts) is not None:
+        raise PlanError(f"{ckpts} already holds checkpoints: pass --resume to continue, or choose another --out",
+                        field="--out")
+    if plan is None or plan.job.workload.value != "dpo":
+        ensure_prepared(args.data, Path(args.out) / "data", rank=0)
