@@ -1,0 +1,173 @@
+"""The repository's rules (README, "Repository"), checked by parsing every module with `ast`:
+
+- planner/ imports neither runtime/, calibration/, cli/ nor torch;
+- runtime/ imports from planner/ only the schema (planner.schema.*), and runtime/dataprep/
+  nothing from the rest of runtime/;
+- machine_models/ imports from the rest of exaplan only the schema;
+- calibration/ may import planner/, runtime/ and machine_models/; only cli/ imports calibration/;
+- no import cycles between files (imports under `if TYPE_CHECKING:` aside; imports inside
+  functions count: a lazy import still ties the files together);
+- files of at most 500 lines, functions of at most 80 unless the docstring says why
+  ("Why one function: ...").
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli")
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 80
+LONG_FUNCTION_NOTE = "Why one function:"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST):
+    """Every Import/ImportFrom, skipping the bodies of `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _imported(module: str, path: Path) -> set[str]:
+    """Fully qualified names this module imports (`from a.b import c` gives a.b.c when that
+    is a module of ours, else a.b)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    names: set[str] = set()
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = module.split(".")
+            anchor = anchor if is_package else anchor[:-1]
+            anchor = anchor[: len(anchor) - (node.level - 1)]
+            base = ".".join(anchor + ([base] if base else []))
+        for a in node.names:
+            full = f"{base}.{a.name}"
+            names.add(full if full in MODULES else base)
+    return names
+
+
+IMPORTS = {m: _imported(m, p) for m, p in MODULES.items()}
+
+
+def _ours(name: str) -> str | None:
+    """The module of ours that an imported name lives in (longest prefix), or None."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        cand = ".".join(parts[:i])
+        if cand in MODULES:
+            return cand
+    return None
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _violations(rule) -> list[str]:
+    return [f"{m} imports {n}" for m, names in sorted(IMPORTS.items()) for n in sorted(names) if rule(m, n)]
+
+
+def test_the_parser_sees_the_known_imports():
+    """A guard on the checker itself: imports we know exist are found."""
+    assert "planner.schema.plan" in IMPORTS["runtime.mesh"]
+    assert any(_top(n) == "torch" for n in IMPORTS["runtime.trainer"])
+    assert any(_top(n) == "calibration" for n in IMPORTS["cli.validate"])
+
+
+def test_planner_imports_neither_runtime_calibration_cli_nor_torch():
+    bad = {"runtime", "calibration", "cli", "torch"}
+    assert _violations(lambda m, n: _top(m) == "planner" and _top(n) in bad) == []
+
+
+def test_runtime_imports_only_the_schema_from_the_planner():
+    def rule(m, n):
+        if _top(m) != "runtime":
+            return False
+        if _top(n) in ("calibration", "cli"):
+            return True
+        return _top(n) == "planner" and not (n == "planner.schema" or n.startswith("planner.schema."))
+
+    assert _violations(rule) == []
+
+
+def test_dataprep_imports_nothing_else_of_the_runtime():
+    def rule(m, n):
+        inside = m.startswith("runtime.dataprep")
+        return inside and _top(n) == "runtime" and not n.startswith("runtime.dataprep")
+
+    assert _violations(rule) == []
+
+
+def test_machine_models_import_only_the_schema():
+    def rule(m, n):
+        if _top(m) != "machine_models" or _top(n) not in PACKAGES:
+            return False
+        return not (_top(n) == "machine_models" or n == "planner.schema" or n.startswith("planner.schema."))
+
+    assert _violations(rule) == []
+
+
+def test_only_the_cli_imports_calibration():
+    assert _violations(lambda m, n: _top(n) == "calibration" and _top(m) not in ("calibration", "cli")) == []
+    assert _violations(lambda m, n: _top(n) == "cli" and _top(m) != "cli") == []
+
+
+def test_no_import_cycles_between_files():
+    g = nx.DiGraph()
+    for m, names in IMPORTS.items():
+        g.add_node(m)
+        for n in names:
+            target = _ours(n)
+            if target and target != m:
+                g.add_edge(m, target)
+    cycles = list(nx.simple_cycles(g))
+    assert cycles == [], "\n".join(" -> ".join(c + [c[0]]) for c in cycles[:10])
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_files_and_functions_are_short(module):
+    path = MODULES[module]
+    text = path.read_text()
+    lines = text.count("\n") + (not text.endswith("\n") and bool(text))
+    assert lines <= MAX_FILE_LINES, f"{path.relative_to(ROOT)}: {lines} lines"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            doc = ast.get_docstring(node) or ""
+            assert n <= MAX_FUNCTION_LINES or LONG_FUNCTION_NOTE in doc, (
+                f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines and no '{LONG_FUNCTION_NOTE}' in its "
+                "docstring")
