@@ -403,14 +403,14 @@ def _step_with_choices(R: _Rows, M: MeshCosts, tp_mb_u, tp_code_u, rsag, S) -> d
 
 def _best_choices(R: _Rows, U: UnitCosts, M: MeshCosts, u_sp: np.ndarray, algos, fast: bool, detail: bool) -> dict:
     """Per row, the step time and (with detail) the choices behind it: each communicator's
-    cheapest algorithm when `fast`, else the best job-wide (allreduce, rs/ag) pair. Without
-    detail each pair's step replaces the previous one (fast: there is only one)."""
+    cheapest algorithm when `fast`, else the best job-wide (allreduce, rs/ag) pair."""
     ar_codes, rsag_codes = algos
     best = None
     for pair in [None] if fast else [(a, r) for a in ar_codes for r in rsag_codes]:
         tp_mb_u, tp_code_u, rsag, S = _fix_algorithms(U, M, u_sp, pair)
         if not detail:
-            best = _step_only(R, M, tp_mb_u, rsag, S)
+            cand = _step_only(R, M, tp_mb_u, rsag, S)
+            best = cand if best is None else {"step": np.minimum(best["step"], cand["step"])}
             continue
         cand = _step_with_choices(R, M, tp_mb_u, tp_code_u, rsag, S)
         if best is None:

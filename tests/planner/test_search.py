@@ -348,3 +348,15 @@ def test_fast_is_a_lower_bound_with_oneccl():
     fast = evaluate_space(model, mach, job, space, fast=True, detail=False).step_time_s
     detailed = evaluate_space(model, mach, job, space, fast=False, detail=False).step_time_s
     assert np.all(fast <= detailed * (1 + 1e-12))
+
+
+def test_scores_without_detail_take_the_best_job_wide_algorithms():
+    """fast=False scores (detail=False, float32) are the best library-consistent algorithm pair
+    of each row, as the detailed evaluation's step time is (once the last pair tried won)."""
+    model, mach = get_model("protein-3.5b"), load_machine("aurora")
+    world = 4 * mach.devices_per_node
+    job = make_job(model, mach, world, None, None, None, None)
+    space = enumerate_space(model, job, world)
+    scores = evaluate_space(model, mach, job, space, fast=False, detail=False).step_time_s
+    detailed = evaluate_space(model, mach, job, space, fast=False, detail=True).step_time_s
+    np.testing.assert_allclose(scores, detailed, rtol=1e-5)
