@@ -1,4 +1,4 @@
-"""`exaplan list`: the model and machine presets."""
+"""`exaplan list`: the model and machine presets; `--devices`: the device kinds."""
 
 from __future__ import annotations
 
@@ -8,12 +8,20 @@ from cli.common import add_json_option, console, print_json
 
 
 def add_parser(sub) -> None:
-    ls = sub.add_parser("list", help="list model and machine presets",
-                        description="The model presets (with their size and shape) and the machine presets.")
+    ls = sub.add_parser("list", help="list model and machine presets (--devices: device kinds)",
+                        description="The model presets (with their size and shape) and the machine presets. "
+                                    "--devices lists the device kinds of machine_models/device_kinds.yaml instead: "
+                                    "whether each kind's efficiency figures are fitted to published runs, copied "
+                                    "from another kind, or unfitted first guesses, and the machine presets that use "
+                                    "it.")
+    ls.add_argument("--devices", action="store_true",
+                    help="list the device kinds, their status (fitted / copied from KIND / unfitted) and presets")
     add_json_option(ls, "print the names as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "devices", False):
+        return _run_devices(args)
     from machine_models import list_machines
     from planner.cost.flops import total_params
     from planner.presets import MODEL_PRESETS
@@ -27,4 +35,26 @@ def run(args: argparse.Namespace) -> int:
                   f"heads {m.heads}/{m.kv_heads}, seq {m.seq_len}")
     for name in list_machines():
         out.print(f"machine {name}")
+    return 0
+
+
+def _run_devices(args: argparse.Namespace) -> int:
+    """Every device kind: its status and the machine presets that name it. A kind that a preset
+    names but device_kinds.yaml does not know is listed as "unknown"."""
+    from machine_models.loader import device_kind_status, presets_by_device_kind
+
+    status = device_kind_status()
+    rows = [dict(name=kind, status=status.get(kind, "unknown"), presets=presets)
+            for kind, presets in presets_by_device_kind().items()]
+    if args.json:
+        print_json(dict(devices=rows))
+        return 0
+    out = console()
+    width = max(len(r["name"]) for r in rows) if rows else 0
+    swidth = max(len(r["status"]) for r in rows) if rows else 0
+    for r in rows:
+        out.print(f"device {r['name']:{width}s}  {r['status']:{swidth}s}  {', '.join(r['presets']) or '-'}",
+                  markup=False, highlight=False)
+    out.print("fitted: fitted to published runs (exaplan validate --published); unfitted: first guesses.",
+              markup=False, highlight=False)
     return 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 import difflib
 import os
 import platform
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,11 @@ from planner.schema.specs import RENAMED_MACHINE_FIELDS, CollectiveEfficiency, M
 
 PRESET_DIR = Path(__file__).resolve().parent
 DEVICE_KINDS_FILE = PRESET_DIR / "device_kinds.yaml"
+# YAML files beside the machine presets that are not machines.
+NOT_MACHINES = frozenset({DEVICE_KINDS_FILE, PRESET_DIR / "frameworks.yaml"})
+# The figures a device kind gives a machine (device_kinds.yaml); a machine file whose
+# device_name is no known kind and that sets not all of them gets the schema's defaults.
+DEVICE_KIND_FIELDS = ("matmul_efficiency", "attention_efficiency_factor", "overlap", "step_overhead_s")
 LOCAL = "local"
 LOCAL_FILE = PRESET_DIR / f"{LOCAL}.yaml"
 DEFAULT_LOCAL_RANKS = 2
@@ -51,6 +58,10 @@ CPU_OP_OVERHEAD_US = 50.0
 CPU_DTENSOR_OP_OVERHEAD_US = 170.0
 
 
+class UnknownDeviceKindWarning(UserWarning):
+    """A machine file names a device kind that device_kinds.yaml does not know."""
+
+
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
@@ -58,7 +69,7 @@ CPU_DTENSOR_OP_OVERHEAD_US = 170.0
 
 def list_machines() -> list[str]:
     """Names `load_machine` accepts: the shipped presets and `local`."""
-    names = {p.stem for p in PRESET_DIR.glob("*.yaml") if p != DEVICE_KINDS_FILE}
+    names = {p.stem for p in PRESET_DIR.glob("*.yaml") if p not in NOT_MACHINES}
     names.add(LOCAL)
     return sorted(names)
 
@@ -76,7 +87,7 @@ def load_machine(name_or_path: str | Path, *, ranks: int | None = None) -> Machi
             return machine if ranks is None else _with_ranks(machine, ranks)
         return detect_local_machine(DEFAULT_LOCAL_RANKS if ranks is None else ranks)
     preset = PRESET_DIR / f"{text}.yaml"
-    if not _looks_like_path(text) and preset.exists() and preset != DEVICE_KINDS_FILE:
+    if not _looks_like_path(text) and preset.exists() and preset not in NOT_MACHINES:
         return load_machine_file(preset)
     if _looks_like_path(text) or Path(text).exists():
         return load_machine_file(Path(text))
@@ -92,11 +103,50 @@ def load_machine_file(path: str | Path) -> MachineModel:
     data = _read_yaml_mapping(path, what="machine file")
     data.setdefault("name", path.stem)
     _check_top_level_keys(data, path)
+    _warn_if_unknown_device_kind(data, path)
     data = _with_device_kind_defaults(data)
     try:
         return MachineModel.model_validate(data)
     except ValidationError as e:
         raise PlanError(format_validation_error(e), field=str(path)) from None
+
+
+def device_kind_status() -> dict[str, str]:
+    """Every device kind of device_kinds.yaml and where its figures come from, read off the
+    "# fit:" comments of its block (which `exaplan validate --published --refit` writes):
+    "fitted" (fitted to published rows), "copied from <kind>" (another kind's fit), or
+    "unfitted" (first guesses: no published rows of its own)."""
+    blocks: dict[str, list[str]] = {}
+    current = None
+    for line in DEVICE_KINDS_FILE.read_text().splitlines():
+        key = re.match(r"^([^\s#][^:]*):\s*$", line)
+        if key:
+            current = key.group(1).strip()
+            blocks[current] = []
+        elif current is not None and re.match(r"^\s+# fit:", line):
+            blocks[current].append(line.split("# fit:", 1)[1].strip())
+    status = {}
+    for kind, fits in blocks.items():
+        copied = next((m.group(1) for m in (re.search(r"copied from (.+?)(?: \(|[.;,]?$)", f) for f in fits) if m), None)
+        if copied:
+            status[kind] = f"copied from {copied}"
+        elif any(re.search(r"over \d+ published rows", f) for f in fits):
+            status[kind] = "fitted"
+        else:
+            status[kind] = "unfitted"
+    return status
+
+
+def presets_by_device_kind() -> dict[str, list[str]]:
+    """The machine presets (not `local`) that name each device kind, kinds in device_kinds.yaml
+    order first, then any kind a preset names that the file does not know."""
+    out: dict[str, list[str]] = {kind: [] for kind in device_kind_status()}
+    for name in list_machines():
+        if name == LOCAL:
+            continue
+        kind = _read_yaml_mapping(PRESET_DIR / f"{name}.yaml", what="machine file").get("device_name")
+        out.setdefault(str(kind), []).append(name)
+    return out
 
 
 def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
@@ -215,6 +265,27 @@ def _device_kinds() -> dict[str, dict[str, Any]]:
             raise PlanError(f"{kind}: expected a mapping of fields", field=str(DEVICE_KINDS_FILE))
         _check_top_level_keys(figures, DEVICE_KINDS_FILE)
     return kinds
+
+
+def _warn_if_unknown_device_kind(data: dict[str, Any], path: Path) -> None:
+    """One warning (stderr) when the file's device_name is no known kind and the file leaves
+    some device-kind figure to the schema's generic defaults; names the closest kinds."""
+    name = data.get("device_name")
+    kinds = list(_device_kinds())
+    if not isinstance(name, str) or name in kinds or all(f in data for f in DEVICE_KIND_FIELDS):
+        return
+    close = difflib.get_close_matches(name, kinds, n=3, cutoff=0.5)
+    hint = f"closest known: {', '.join(repr(k) for k in close)}" if close else f"known: {', '.join(map(repr, kinds))}"
+    missing = [f for f in DEVICE_KIND_FIELDS if f not in data]
+    lines = path.read_text().splitlines()
+    lineno = next((i + 1 for i, line in enumerate(lines) if line.startswith("device_name:")), 1)
+    # Reported at the file's own device_name line, once per load (no registry: not deduplicated).
+    warnings.warn_explicit(
+        f"device_name {name!r} is not a device kind of {DEVICE_KINDS_FILE.name} ({hint}); generic "
+        f"schema defaults are used for {', '.join(missing)}. Name a known kind, or set these fields "
+        "in the file.",
+        UnknownDeviceKindWarning, filename=str(path), lineno=lineno, module=path.stem,
+    )
 
 
 def _with_device_kind_defaults(data: dict[str, Any]) -> dict[str, Any]:

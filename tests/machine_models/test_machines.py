@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
 import machine_models.loader as loader
+from cli.main import main as cli_main
 from machine_models import detect_local_machine, list_machines, load_machine
 from planner.schema.errors import PlanError
-from planner.schema.specs import CollectiveLibrary, MachineModel, Precision, TopologyKind
+from planner.schema.specs import CollectiveLibrary, MachineModel, MatmulEfficiency, Precision, TopologyKind
 
 PRESETS = ["aurora", "alps", "frontier", "leonardo", "pdx", "dgx-a100-80gb", "dgx-h100"]
 
@@ -211,3 +214,97 @@ def test_shipped_package_has_no_stray_local_file():
     tracked = Path(loader.PRESET_DIR / "local.yaml")
     if tracked.exists():
         assert yaml.safe_load(tracked.read_text()).get("calibrated") is True
+
+
+# --- device kinds: unknown names warn, status of each kind, `exaplan list --devices` ----------
+
+
+def _frontier_with_device_name(tmp_path, device_name: str, **fields) -> Path:
+    data = yaml.safe_load((loader.PRESET_DIR / "frontier.yaml").read_text())
+    data.update(device_name=device_name, **fields)
+    path = tmp_path / "my-frontier.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_misspelt_device_name_warns_with_the_closest_kind(tmp_path):
+    path = _frontier_with_device_name(tmp_path, "AMD Instinct MI250X GCD")
+    with pytest.warns(loader.UnknownDeviceKindWarning) as caught:
+        m = load_machine(str(path))
+    assert len(caught) == 1, "one warning per load"
+    msg = str(caught[0].message)
+    assert "'AMD Instinct MI250X GCD'" in msg and "closest known: 'AMD MI250X GCD'" in msg
+    assert "generic schema defaults" in msg and "matmul_efficiency" in msg
+    assert caught[0].filename == str(path)  # points at the machine file
+    # ...and the machine really got the schema's defaults, not the MI250X figures
+    assert m.matmul_efficiency == MatmulEfficiency()
+    assert m.step_overhead_s == MachineModel.model_fields["step_overhead_s"].default
+
+
+def test_unknown_device_name_with_every_kind_figure_does_not_warn(tmp_path):
+    figures = dict(matmul_efficiency={"peak_fraction": 0.5, "half_dim": 100.0}, attention_efficiency_factor=0.4,
+                   overlap={"dp": 0.5}, step_overhead_s=0.01)
+    path = _frontier_with_device_name(tmp_path, "AMD Instinct MI250X GCD", **figures)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", loader.UnknownDeviceKindWarning)
+        m = load_machine(str(path))
+    assert m.matmul_efficiency.peak_fraction == 0.5 and m.step_overhead_s == 0.01
+
+
+def test_presets_name_known_device_kinds_without_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", loader.UnknownDeviceKindWarning)
+        for name in PRESETS:
+            load_machine(name)
+
+
+def test_device_kind_status_reads_the_fit_comments(monkeypatch, tmp_path):
+    kinds = tmp_path / "device_kinds.yaml"
+    kinds.write_text(
+        "# fit: framework fsdp: {overlap_dp: 0.271}  (a header line, not a kind's)\n\n"
+        "Fitted GPU:\n"
+        "  # fit: `exaplan validate --published --refit`, 2026-11-22:\n"
+        "  # fit: median |error| 3.1% (max 19.5%) over 13 published rows; leave-one-out median 4.6%.\n"
+        "  attention_efficiency_factor: 0.2\n\n"
+        "Copied GPU:\n"
+        "  # fit: copied from Fitted GPU (same GPU, no published rows of its own).\n"
+        "  # fit: median |error| 3.1% (max 19.5%) over 13 published rows.\n"
+        "  attention_efficiency_factor: 0.2\n\n"
+        "Guessed GPU:\n"
+        "  # fit: `exaplan validate --published --refit`: the other figures are first guesses (no published rows).\n"
+        "  attention_efficiency_factor: 0.5\n\n"
+        "Bare GPU:\n"
+        "  attention_efficiency_factor: 0.5\n")
+    monkeypatch.setattr(loader, "DEVICE_KINDS_FILE", kinds)
+    assert loader.device_kind_status() == {"Fitted GPU": "fitted", "Copied GPU": "copied from Fitted GPU",
+                                           "Guessed GPU": "unfitted", "Bare GPU": "unfitted"}
+
+
+def test_device_kind_status_of_the_shipped_kinds():
+    status = loader.device_kind_status()
+    kinds = yaml.safe_load(loader.DEVICE_KINDS_FILE.read_text())
+    assert set(status) == set(kinds)
+    for kind, s in status.items():
+        assert s in ("fitted", "unfitted") or (s.startswith("copied from ") and s[len("copied from "):] in kinds), (kind, s)
+    for name in PRESETS:
+        assert load_machine(name).device_name in status
+
+
+def test_list_devices_json(capsys):
+    assert cli_main(["list", "--devices", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["devices"]
+    by_name = {r["name"]: r for r in rows}
+    assert {k: r["status"] for k, r in by_name.items()} == loader.device_kind_status()
+    for name in PRESETS:
+        kind = load_machine(name).device_name
+        assert name in by_name[kind]["presets"], (name, kind)
+    assert "local" not in {p for r in rows for p in r["presets"]}
+
+
+def test_list_devices_text(capsys):
+    assert cli_main(["list", "--devices"]) == 0
+    out = capsys.readouterr().out
+    for kind, s in loader.device_kind_status().items():
+        line = next(line for line in out.splitlines() if line.startswith(f"device {kind} "))
+        assert s in line
+    assert "frontier" in next(line for line in out.splitlines() if "AMD MI250X GCD" in line)
