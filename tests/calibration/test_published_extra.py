@@ -1,0 +1,81 @@
+"""The extra published rows (calibration/published_extra.py): each record consistent in itself.
+
+The records are checked as plain dicts, so that these tests hold before the rows are merged
+into calibration.published; validating them as PublishedRun needs the section letters and
+the "deepspeed" framework that the merge adds (xfail until then)."""
+
+from __future__ import annotations
+
+import pytest
+
+from calibration import published
+from calibration.published import UNITS, PublishedLayout, PublishedRun
+from calibration.published_extra import extra_run_records
+from machine_models import list_machines
+from planner.cost.flops import total_params
+
+RECORDS = extra_run_records()
+IDS = [r["id"] for r in RECORDS]
+FRAMEWORKS = {"megatron", "fsdp", "deepspeed"}
+
+# Parameter counts the sources print, to check each model's shape (1% tolerance: norms and
+# biases that exaplan's count leaves out).
+PUBLISHED_PARAMS = {
+    "llama3.1-8b": 8.03e9,        # Meta, Llama 3.1 model card
+    "llama3.1-70b": 70.6e9,       # Meta, Llama 3.1 model card
+    "bloom-176b": 176.2e9,        # BigScience tr11-176B-ml README: 176B (176,247,271,424 on the model card)
+    "mpt-70b": 64_862_437_376,    # llm-foundry benchmark table, NumParams
+    "mpt-30b": 29_975_214_080,
+    "mpt-13b": 12_853_954_560,
+    "mpt-7b": 6_658_859_008,
+}
+
+
+def test_there_are_enough_rows_with_unique_ids():
+    assert len(RECORDS) >= 8
+    assert len(set(IDS)) == len(IDS)
+
+
+@pytest.mark.parametrize("rec", RECORDS, ids=IDS)
+def test_record_is_consistent(rec):
+    lay: PublishedLayout = rec["layout"]
+    assert lay.tp * lay.pp * lay.dp == rec["gpus"], "tp x pp x dp must be the published GPU count"
+    assert lay.global_batch % (lay.dp * lay.micro_batch) == 0, "global batch = dp x micro-batch x accumulation"
+    assert rec["id"].startswith(rec["section"] + "-")
+    assert rec["section"] not in "ABCD" and len(rec["section"]) == 1 and rec["section"].isupper()
+    assert rec["source"].strip() and rec["note"].strip()
+    assert rec["machine"] in list_machines()
+    assert rec["framework"] in FRAMEWORKS
+    assert rec["kind"] in UNITS and rec["figure"] > 0
+    if rec["kind"] in ("model_tflops_per_gpu", "mfu"):
+        assert rec.get("flop_convention", "none") != "none"
+    shardings = getattr(published, "FRAMEWORK_SHARDINGS", {}).get(rec["framework"])
+    if shardings is not None:
+        assert lay.sharding in shardings
+
+
+@pytest.mark.parametrize("rec", RECORDS, ids=IDS)
+def test_assumed_names_real_fields(rec):
+    for field in rec["assumed"]:
+        head, _, rest = field.partition(".")
+        assert head in PublishedRun.model_fields, field
+        if head == "layout":
+            assert rest in PublishedLayout.model_fields, field
+        elif head == "model":
+            assert rest in type(rec["model"]).model_fields, field
+        else:
+            assert not rest, field
+
+
+@pytest.mark.parametrize("rec", RECORDS, ids=IDS)
+def test_model_shape_matches_the_published_parameter_count(rec):
+    name = rec["model"].name
+    assert name in PUBLISHED_PARAMS, f"no published parameter count recorded for {name}"
+    assert total_params(rec["model"]) == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
+
+
+@pytest.mark.xfail(strict=False, reason="needs sections F-H and framework 'deepspeed' in calibration.published "
+                                        "(added when the rows are merged)")
+def test_records_validate_as_published_runs():
+    runs = [PublishedRun.model_validate(r) for r in RECORDS]
+    assert [r.id for r in runs] == IDS
