@@ -63,8 +63,9 @@ def library_env(machine: MachineModel, allreduce: Algorithm | None, rsag: Algori
 
 def stage_assignment(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> list[StageAssignment]:
     """Layers of each (virtual) stage, from CP-SAT: equal blocks, the head's compute on the
-    last stage, each stage's memory (its blocks' states and in-flight activations) under the
-    device memory left after the fixed parts."""
+    last stage, each rank's memory (its blocks' states and in-flight activations) under the
+    device memory left after the fixed parts. Interleaved: the load of each rank (its chunks
+    summed) is balanced, the split the cost model charges (planner.cost.pipeline)."""
     pp, v = int(lay.pp[0]), int(lay.vpp[0])
     if pp == 1:
         return []
@@ -79,8 +80,7 @@ def stage_assignment(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     head_mem = (flops.head_params(model) / lay.tp[0]) * state_bytes + float(fixed[0])
     emb_mem = (flops.embedding_params(model) / lay.tp[0]) * state_bytes
     cap = machine.device_memory_gib * GIB * (1 - machine.fragmentation_fraction) - machine.memory_reserve_gib * GIB
-    # A virtual stage holds 1/v of its rank's memory budget.
-    sol = assign_stages([1.0] * model.layers, [layer_mem] * model.layers, S, cap / v,
+    sol = assign_stages([1.0] * model.layers, [layer_mem] * model.layers, S, cap, ranks=pp,
                         last_extra_cost=float(head[0] / fb[0]), first_extra_memory=emb_mem, last_extra_memory=head_mem)
     return [
         StageAssignment(pp_rank=i % pp, virtual_index=i // pp, first_layer=a, last_layer=b, embedding=i == 0, head=i == S - 1)

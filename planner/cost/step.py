@@ -36,6 +36,7 @@ from planner.cost.memory import (
     reserve_bytes,
     stage_params,
 )
+from planner.cost.pipeline import chunk_bottleneck
 from planner.cost.topology import LinkTiers, link_tiers
 from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
 
@@ -102,27 +103,6 @@ def _minimum(arrays) -> np.ndarray:
     return out
 
 
-def bottleneck_chunk(layers: int, chunks, head_weight) -> tuple[np.ndarray, np.ndarray]:
-    """Min-max contiguous split of `layers` equal blocks plus a head of `head_weight` blocks
-    (on the last chunk) into `chunks` non-empty chunks: (load of the slowest chunk in block
-    units, blocks on it). The optimum puts k blocks on the last chunk with k + w close to
-    (L - k)/(S - 1); both integer neighbours of that k are tried."""
-    S = np.asarray(chunks, dtype=np.float64)
-    w = np.asarray(head_weight, dtype=np.float64)
-    best = np.full(np.broadcast(S, w).shape, np.inf)
-    blocks = np.zeros_like(best)
-    k_star = (layers - w * (S - 1)) / np.maximum(S, 1)
-    for k in (np.floor(k_star), np.ceil(k_star)):
-        k = np.clip(k, 1, layers - S + 1)
-        others = np.where(S > 1, np.ceil((layers - k) / np.maximum(S - 1, 1)), 0)
-        load = np.maximum(others, k + w)
-        better = load < best
-        blocks = np.where(better, np.maximum(others, k), blocks)
-        best = np.minimum(best, load)
-    single = S == 1
-    return np.where(single, layers + w, best), np.where(single, layers, blocks)
-
-
 # --------------------------------------------------------------------------------------------
 # Level 1: one micro-batch
 # --------------------------------------------------------------------------------------------
@@ -146,7 +126,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     ov, B, t, v = machine.overlap, bytes_per_element(job.precision), u.tp, u.vpp
     f_layer, fb_layer = compute.layer_times(model, machine, job, u)
     head = compute.head_time(model, machine, job, u)
-    load, blocks = bottleneck_chunk(model.layers, u.pp * v, head / fb_layer)
+    load, blocks = chunk_bottleneck(model.layers, u.pp, v, head / fb_layer)  # the busiest rank's, per chunk
     blocks_on_rank = blocks * v
     T = u.mbs * job.seq_len / u.cp
     M_act = T * model.hidden * B

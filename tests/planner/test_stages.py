@@ -132,3 +132,70 @@ def test_single_stage_carries_both_extras():
 def test_bad_cap_list_length():
     with pytest.raises(PlanError):
         assign_stages([1.0] * 4, [1.0] * 4, 2, [1.0, 2.0, 3.0])
+
+
+# --- interleaved: stages grouped by rank (stage s on rank s % ranks) ----------------------------
+
+
+def brute_ranks(costs, s, ranks, mem, caps, xc=(0, 0), xm=(0, 0)):
+    """Min over contiguous splits of the slowest rank (its stages summed), per-rank memory caps."""
+    best = math.inf
+    for r in splits(len(costs), s):
+        extra = lambda x, k: (x[0] if k == 0 else 0) + (x[1] if k == s - 1 else 0)
+        load = [0.0] * ranks
+        used = [0.0] * ranks
+        for k, (a, b) in enumerate(r):
+            load[k % ranks] += sum(costs[a:b]) + extra(xc, k)
+            used[k % ranks] += sum(mem[a:b]) + extra(xm, k)
+        if all(u <= c for u, c in zip(used, caps)):
+            best = min(best, max(load))
+    return best
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(2, 3), st.data())
+def test_ranks_cpsat_matches_brute_force(ranks, v, data):
+    s = ranks * v
+    n = data.draw(st.integers(s, s + 4))
+    costs = [float(c) for c in data.draw(st.lists(st.integers(1, 9), min_size=n, max_size=n))]
+    mem = [float(m) for m in data.draw(st.lists(st.integers(1, 9), min_size=n, max_size=n))]
+    caps = [float(c) for c in data.draw(st.lists(st.integers(5, 40), min_size=ranks, max_size=ranks))]
+    xc, xm = (1.0, 2.5), (3.0, 1.0)
+    sol = assign_stages(costs, mem, s, caps, first_extra_cost=xc[0], last_extra_cost=xc[1], first_extra_memory=xm[0],
+                        last_extra_memory=xm[1], ranks=ranks)
+    expect = brute_ranks(costs, s, ranks, mem, caps, xc, xm)
+    check_ranges(sol.ranges, n, s)
+    if math.isinf(expect):
+        assert not sol.feasible
+        return
+    assert sol.feasible and sol.optimal
+    assert sol.max_cost == pytest.approx(expect, rel=1e-5)
+    assert max(sol.rank_costs) == sol.max_cost and len(sol.rank_costs) == ranks
+    assert all(m <= c * (1 + 1e-5) for m, c in zip(sol.rank_memory, caps))
+
+
+@pytest.mark.parametrize("layers,ranks,v,head", [(32, 4, 7, 0.0), (32, 4, 7, 2.6), (16, 4, 3, 1.3), (10, 3, 2, 0.4)])
+def test_ranks_equal_costs_take_the_cost_models_split(layers, ranks, v, head):
+    from planner.cost.pipeline import rank_bottleneck
+
+    sol = assign_stages([1.0] * layers, [1.0] * layers, ranks * v, math.inf, last_extra_cost=head, ranks=ranks)
+    assert sol.status == "even" and sol.optimal and sol.feasible
+    check_ranges(sol.ranges, layers, ranks * v)
+    assert sol.max_cost == float(rank_bottleneck(layers, ranks, v, head)[0])
+    cp_sat = assign_stages([1.0] * layers, [1.0] * layers, ranks * v, 1e9, last_extra_cost=head, ranks=ranks,
+                           use_dp_shortcut=False)
+    assert cp_sat.status == "OPTIMAL" and cp_sat.max_cost == pytest.approx(sol.max_cost, rel=1e-5)
+
+
+def test_ranks_per_rank_memory_cap():
+    # 12 equal layers, 2 ranks x 2 chunks; rank 0 also holds an embedding of 4 units of memory.
+    # Unconstrained: 6 + 6 blocks. A cap of 8 per rank leaves rank 0 room for 4 blocks.
+    sol = assign_stages([1.0] * 12, [1.0] * 12, 4, 8.0, first_extra_memory=4.0, ranks=2)
+    assert sol.feasible and sol.optimal
+    assert sol.rank_memory[0] <= 8.0 + 1e-9 and sol.max_cost == pytest.approx(8.0)
+
+
+def test_ranks_must_divide_the_stages():
+    with pytest.raises(PlanError) as err:
+        assign_stages([1.0] * 6, [1.0] * 6, 4, 10.0, ranks=3)
+    assert err.value.field == "ranks"
