@@ -16,6 +16,32 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
     p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default plan.yaml; .json for JSON)")
     p.add_argument("--no-write", action="store_true", help="print only; write no plan file")
+    add_pin_options(p)
+
+
+def add_pin_options(p) -> None:
+    """`estimate`'s layout options, each optional: what is given is kept, the rest searched."""
+    g = p.add_argument_group("pinned axes", "keep what you give (every layout shown has it) and search the rest")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree")
+    g.add_argument("--pp", type=int, help="pipeline stages")
+    g.add_argument("--dp", type=int, help="data-parallel degree (replicas x shards)")
+    g.add_argument("--cp", type=int, help="context-parallel degree")
+    g.add_argument("--mbs", type=int, help="micro-batch size (sequences)")
+    g.add_argument("--shard", choices=["none", "zero1", "zero2", "fsdp", "fsdp-grad-op", "hsdp"],
+                   help="sharding of model states over dp")
+    g.add_argument("--shard-group", type=int, help="hsdp shard-group size (with --shard hsdp)")
+    g.add_argument("--recompute", choices=["none", "selective", "full"], help="activation recompute")
+    g.add_argument("--vpp", type=int, help="virtual pipeline stages per rank (interleaved 1F1B when > 1)")
+    g.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b"], help="pipeline schedule")
+    g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallelism")
+
+
+def pins_of(args: argparse.Namespace):
+    """The Pins the options give (PlanError naming the option for a bad value)."""
+    from planner.search.pins import Pins
+
+    return Pins(tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, mbs=args.mbs, shard=args.shard,
+                shard_group=args.shard_group, vpp=args.vpp, schedule=args.schedule, recompute=args.recompute, sp=args.sp)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,13 +52,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top <= 0:
         raise PlanError("must be at least 1", field="top")
+    pins = pins_of(args)
     model, machine, job = load_inputs(args)
     out = None if args.json else console()
     if out is None:
-        result = search(model, machine, job, args.nodes, top_k=args.top)
+        result = search(model, machine, job, args.nodes, top_k=args.top, pins=pins)
     else:
         with out.status(f"searching layouts of {model.name} on {args.nodes} x {machine.name} ..."):
-            result = search(model, machine, job, args.nodes, top_k=args.top)
+            result = search(model, machine, job, args.nodes, top_k=args.top, pins=pins)
     lay, ev = result.layouts, result.evaluation
     plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line())
     if not args.no_write:
@@ -41,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
                  search_seconds=round(result.seconds, 4),
                  layouts_per_second=round(result.layouts_scored / max(result.seconds, 1e-9)))
     if args.json:
-        print_json(dict(search=stats, world_size=result.world, global_batch=job.global_batch,
+        # "pins" only when some are given: the key set of an unpinned search stays as it was.
+        pinned = dict(pins=pins.as_json()) if pins else {}
+        print_json(dict(search=stats, world_size=result.world, global_batch=job.global_batch, **pinned,
                         top=[dict(layout=layout_label(lay, i), **evaluation_json(ev, i)) for i in range(len(lay))],
                         why=why_best(lay, ev), plan_file=None if args.no_write else args.output,
                         plan=plan.model_dump(mode="json")))
@@ -59,6 +88,8 @@ def _print(out, args, model, machine, job, result, plan, stats) -> None:
     out.print(f"searched {result.total_layouts:,} legal layouts ({result.layouts_scored:,} with collective-algorithm "
               f"choices) in {result.seconds:.3f} s ({stats['layouts_per_second']:,.0f} /s); {result.fitting:,} fit in "
               f"{machine.device_memory_gib:g} GiB per device")
+    if result.pins:
+        out.print(f"pinned: {result.pins.label()} (every layout below keeps these)")
     out.print(top_table(lay, ev, f"Top {len(lay)} layouts"))
     out.print(why_best(lay, ev))
     out.print(breakdown_table(ev, 0))

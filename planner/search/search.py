@@ -9,13 +9,14 @@ re-ranked, so what is printed and emitted is what the library can actually be to
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner.cost.layout import Layouts
 from planner.cost.step import Evaluation, evaluate, evaluate_space
 from planner.schema.errors import PlanError
+from planner.search.pins import Pins
 from planner.search.space import cp_options, enumerate_space, tp_options
 from planner.schema.specs import MachineModel, ModelSpec, TrainingJob, divisors
 
@@ -35,6 +36,7 @@ class SearchResult:
     layouts_scored: int  # layouts x algorithm choices scored
     fitting: int  # legal layouts that fit in memory
     seconds: float  # enumerate + score + rank
+    pins: Pins = field(default_factory=Pins)  # the values kept fixed (every layout has them)
 
     @property
     def world(self) -> int:
@@ -49,11 +51,15 @@ def feasible_global_batches(model: ModelSpec, job: TrainingJob, world: int, arou
     return sorted(cands, key=lambda b: (abs(b - around), b))[:count]
 
 
-def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, top_k: int = 5) -> SearchResult:
-    """The best `top_k` layouts of `job` on `nodes` nodes of `machine`."""
+def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, top_k: int = 5,
+           pins: Pins | None = None) -> SearchResult:
+    """The best `top_k` layouts of `job` on `nodes` nodes of `machine`; with `pins`, among the
+    layouts that keep every pinned value (PlanError for pins that conflict or leave none)."""
     if nodes > machine.nodes:
         raise PlanError(f"{nodes} nodes asked for, {machine.name} has {machine.nodes}", field="nodes")
     world = nodes * machine.devices_per_node
+    pins = pins or Pins()
+    pins.check(model, job, world)
     start = time.perf_counter()
     space = enumerate_space(model, job, world)
     if len(space) == 0:
@@ -64,12 +70,18 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
             f"{', '.join(map(str, near))}",
             field="global_batch",
         )
+    if pins:
+        pinned = pins.restrict(space)
+        if len(pinned) == 0:
+            raise pins.no_layout(space, model, job, world)
+        space = pinned
     scores = evaluate_space(model, machine, job, space, detail=False)
     fitting = int(scores.fits.sum())
     if fitting == 0:
         least = float(scores.memory_bytes.min())
+        with_pins = f" with {pins.label()}" if pins else ""
         raise PlanError(
-            f"{model.name} fits nowhere on {nodes} x {machine.name}: the leanest of {len(space):,} layouts needs "
+            f"{model.name} fits nowhere on {nodes} x {machine.name}{with_pins}: the leanest of {len(space):,} layouts needs "
             f"{least / GIB:.1f} GiB per device, a device has {machine.device_memory_gib:.1f} GiB "
             f"(try more nodes, a shorter sequence or a smaller model)",
             field="memory",
@@ -84,4 +96,5 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
     order = np.lexsort(tie + (np.round(ev.memory.total), ev.step_time_s))[:top_k]
     seconds = time.perf_counter() - start
     best = evaluate(model, machine, job, lay.take(order))
-    return SearchResult(model, machine, job, nodes, lay.take(order), best, len(space), scores.layouts_scored, fitting, seconds)
+    return SearchResult(model, machine, job, nodes, lay.take(order), best, len(space), scores.layouts_scored, fitting, seconds,
+                        pins)

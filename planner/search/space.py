@@ -4,17 +4,23 @@ Legal means: pp x dp x cp x tp = world size; tp divides heads, kv_heads and ffn_
 2 cp divides the sequence (load-balanced context parallelism cuts it into 2 cp chunks);
 pp <= layers; sequence parallelism needs tp to divide seq / cp;
 mbs x gas x dp = global batch (never changed); a pipeline has gas >= pp micro-batches
-(interleaved 1F1B: a multiple of pp, and pp x v <= layers); sharding over dp_shard x cp
+(interleaved 1F1B: a multiple of pp, and pp x v <= layers; v need not divide the layers,
+planner.cost.pipeline charges the busiest rank of the best uneven split); sharding over dp_shard x cp
 ranks; HSDP groups of every size G with 2 <= G and dp / G >= 2; sequence parallelism only
 with tp > 1.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from planner.cost.layout import SC_1F1B, SC_GPIPE, SC_INTERLEAVED, SC_NONE, SH_HSDP, SH_NONE, SHARDINGS, Layouts, Space
 from planner.schema.specs import ModelSpec, TrainingJob, divisors
+
+if TYPE_CHECKING:
+    from planner.search.pins import Pins
 
 MAX_VIRTUAL_STAGES = 8
 
@@ -49,8 +55,15 @@ def sharding_options(dp: int, cp: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def enumerate_space(model: ModelSpec, job: TrainingJob, world: int) -> Space:
-    """All legal layouts for `world` ranks (possibly none), in factored form."""
+def enumerate_space(model: ModelSpec, job: TrainingJob, world: int, pins: Pins | None = None) -> Space:
+    """All legal layouts for `world` ranks (possibly none), in factored form; with `pins`, those
+    that keep every pinned value (planner.search.pins; the pins are not checked here)."""
+    space = _enumerate(model, job, world)
+    return space if pins is None else pins.restrict(space)
+
+
+def _enumerate(model: ModelSpec, job: TrainingJob, world: int) -> Space:
+    """Every legal layout, in factored form (see the module docstring)."""
     units: list[tuple[int, ...]] = []  # pp, dp_replicate (= dp), cp, tp, mbs, vpp, recompute, sp, gas
     meshes: list[tuple[int, ...]] = []  # pp, dp_replicate, dp_shard, cp, tp, sharding
     rows: list[np.ndarray] = []  # unit, mesh, gas, schedule

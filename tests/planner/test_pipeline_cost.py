@@ -163,3 +163,13 @@ def test_emitted_interleaved_stages_match_the_cost_model(vpp):
     per_rank[3] += w
     assert max(per_rank) == float(rank_bottleneck(model.layers, 4, vpp, w)[0])
 
+
+def test_search_takes_a_non_dividing_vpp_when_it_wins():
+    """protein-7b (32 layers) pinned to tp 8, pp 4 on 16 DGX H100 nodes: the best is interleaved
+    with virtual stages that do not divide 32 / 4, charged 8 blocks per rank."""
+    from planner.search.pins import Pins
+    from planner.search.search import search
+
+    model, machine, job, _ = interleaved_7b(2)
+    res = search(model, machine, job, 16, top_k=10, pins=Pins(tp=8, pp=4))
+    assert any(32 % (4 * v) for v in res.layouts.vpp)
