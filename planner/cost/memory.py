@@ -6,6 +6,13 @@ reduction in fp32, as in the seed runs) and AdamW's two fp32 moments. Activation
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
 written tensor by tensor for a Llama block (no dropout; SwiGLU keeps gate, up, activation
 and product), with sequence parallelism splitting the residual-stream tensors over tp.
+
+Checked against published figures (tests/planner/test_memory_published.py): for a GPT block
+the count is Korthikanti's Table 2 (no parallelism, tensor, sequence parallel, selective and
+full recompute) less its three 1-byte dropout masks, and the busiest pipeline rank holds
+Korthikanti's L layers (1F1B) or L (1 + (p-1)/(p v)) (interleaved); every published run of
+calibration/published.py is predicted to fit in 80 GB, and so is every row of llm-foundry's
+H100 and A100-80GB benchmark tables once the loss is its fused kernel (LOSS_BYTES_PER_LOGIT).
 """
 
 from __future__ import annotations
@@ -77,13 +84,20 @@ def model_state_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> tuple
     return params, grads, opt
 
 
+def stream_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """One residual-stream-sized tensor of a micro-batch (T x h), split over tp with
+    sequence parallelism."""
+    T = lay.mbs * job.seq_len / lay.cp
+    return np.where(lay.sp == 1, T / lay.tp, T) * model.hidden * bytes_per_element(job.precision)
+
+
 def layer_activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """Bytes one block keeps for backward, per micro-batch, without recompute."""
     T = lay.mbs * job.seq_len / lay.cp
     B = bytes_per_element(job.precision)
     h, f, t = model.hidden, model.ffn_hidden, lay.tp
-    kv = model.kv_heads * model.head_dim
-    stream = np.where(lay.sp == 1, T / t, T) * h * B  # a residual-stream-sized tensor
+    kv = model.kv_heads * model.head_dim  # grouped-query attention: K and V have kv_heads heads
+    stream = stream_bytes(model, job, lay)
     attention = 2 * stream + T * (h + 2 * kv) * B / t + T * h * B / t + T * (model.heads / t) * 4
     mlp = 2 * stream + (4 if model.activation == "swiglu" else 2) * T * f * B / t
     scores = scores_bytes(model, machine, job, lay)
@@ -109,22 +123,54 @@ def microbatches_in_flight(pp, gas, vpp, schedule) -> np.ndarray:
     return np.where(schedule == SC_NONE, 1.0, out)
 
 
-def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray]:
+# Bytes one logit costs at the loss, where a step's memory peaks (every kept activation of
+# the last micro-batch alive), by how the framework computes the loss:
+#   eager: torch's cross_entropy on an fp32 copy of the logits (exaplan's runtime,
+#       runtime/model.py loss_fn; torchtitan; fms-fsdp) keeps the fp32 log-softmax, which
+#       meets its fp32 gradient at the start of backward: 8, the default (in 16-bit runs the
+#       caller's 16-bit logits and the fp32 copy add 2 more for a moment at the end of the
+#       forward pass; not counted).
+#   vocab-parallel: Megatron's cross-entropy keeps fp32 logits and computes the softmax and
+#       the gradient in place (Korthikanti et al. 2022, sec. 4.3: 4 s b v / t): 4.
+#   fused: one kernel (flash-attn's cross_entropy, llm-foundry's default loss_fn) keeps the
+#       16-bit logits and writes a 16-bit gradient: 4.
+# A framework profile that gives `loss_bytes_per_logit` sets it (loss_bytes_per_logit(job)).
+LOSS_BYTES_PER_LOGIT = {"eager": 8.0, "vocab-parallel": 4.0, "fused": 4.0}
+
+
+def loss_bytes_per_logit(job: TrainingJob) -> float:
+    """Bytes per logit at the loss: the job's framework profile's `loss_bytes_per_logit`
+    where it gives one, else torch's eager cross-entropy (LOSS_BYTES_PER_LOGIT["eager"])."""
+    given = getattr(getattr(job, "framework", None), "loss_bytes_per_logit", None)
+    return LOSS_BYTES_PER_LOGIT["eager"] if given is None else float(given)
+
+
+def loss_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts, per_logit: float | None = None) -> np.ndarray:
+    """What the loss holds for one micro-batch on the last stage: its logits at `per_logit`
+    bytes each (default loss_bytes_per_logit(job)), the vocabulary split over tp (a
+    vocab-parallel head and loss, as Megatron's and torchtitan's; exaplan's runtime gathers
+    the whole vocabulary on every tp rank, tp times this, immaterial for the 32-token protein
+    vocabulary)."""
+    per_logit = loss_bytes_per_logit(job) if per_logit is None else per_logit
+    T = lay.mbs * job.seq_len / lay.cp
+    return per_logit * T * model.vocab_size / lay.tp
+
+
+def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts,
+                     per_logit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(bytes per in-flight micro-batch, fixed bytes) of activations on the busiest rank.
     Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only;
-    selective drops the attention scores). Fixed: one micro-batch of fp32 logits and their
-    gradient on the last stage, and under full recompute one block's working set while it
-    is recomputed."""
+    selective drops the attention scores). Fixed: the larger of what the loss holds
+    (loss_bytes, `per_logit` bytes a logit) and, under full recompute, one block's
+    working set while it is recomputed. The two never coexist: the loss's backward frees the
+    logits and their gradient before the last block is recomputed."""
     per_layer = layer_activation_bytes(model, machine, job, lay)
-    T = lay.mbs * job.seq_len / lay.cp
-    B = bytes_per_element(job.precision)
-    stream_in = np.where(lay.sp == 1, T / lay.tp, T) * model.hidden * B
+    stream_in = stream_bytes(model, job, lay)
     scores = scores_bytes(model, machine, job, lay)
     kept = np.where(lay.recompute == RC_FULL, stream_in, np.where(lay.recompute == RC_SELECTIVE, per_layer - scores, per_layer))
     per_microbatch = np.ceil(model.layers / lay.pp) * kept
     working = np.where(lay.recompute == RC_FULL, per_layer, 0.0)
-    logits = 2 * 4.0 * T * model.vocab_size / lay.tp
-    return per_microbatch, working + logits
+    return per_microbatch, np.maximum(working, loss_bytes(model, job, lay, per_logit))
 
 
 def buffer_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
