@@ -3,7 +3,7 @@
     fit = fit_published()                      # every published run (calibration.published)
     fit.device["NVIDIA H100 SXM5"]             # {peak_fraction, half_dim, attention_efficiency_factor}
     fit.framework["fsdp"]                      # {overlap_dp, step_overhead_s}
-    write_fit(fit, notes)                      # into device_kinds.yaml, keeping its comments
+    fit_files.write_fit(fit, notes)            # into device_kinds.yaml and frameworks.yaml
     leave_one_out()                            # run id -> its prediction from a fit without it
 
 A few physical figures per device kind and a few per training framework, never a constant
@@ -15,7 +15,7 @@ per run, fitted jointly to every published row:
     orders its collectives) and a fixed cost per optimizer step (step_overhead_s: launches,
     gradient clipping, loss and metric syncs, the optimizer's per-tensor overheads).
 What a framework sets rather than achieves comes from each run's record and is not fitted:
-the attention kernel and Megatron's tensor-parallel overlap (PublishedRun.adapt_machine).
+the attention kernel and Megatron's tensor-parallel overlap (in the run's job: PublishedRun.job).
 
 The fit minimises the squared log error of all rows (scipy.optimize.least_squares) within
 physical bounds, with a weak pull towards the first guesses so that a figure the rows cannot
@@ -24,9 +24,10 @@ FSDP rows both exist on H100 and on A100, so each device figure is pinned by bot
 
 The shipped machine models (device_kinds.yaml) carry the device-kind figures and the FSDP
 framework's figures, since exaplan's runtime is torch FSDP2/DDP (SHIPPED_FRAMEWORK); the
-other frameworks' fitted figures are kept as machine-readable comment lines in the header of
-device_kinds.yaml ("# fit: framework NAME: {...}", read by framework_figures), so that
-`exaplan validate --published` predicts every row with the figures of its own framework.
+other frameworks' fitted figures go into their profiles in machine_models/frameworks.yaml
+(calibration/fit_files.py writes both files and reads the figures back), so that `exaplan
+validate --published` predicts every row with the figures of its own framework, and
+`exaplan plan --framework megatron` plans with them.
 
 scipy is imported only by the fit itself (fit_published); reading a fit needs nothing more
 than the loader does.
@@ -34,22 +35,18 @@ than the loader does.
 
 from __future__ import annotations
 
-import datetime as _dt
 import itertools
 import math
 import multiprocessing
 import os
-import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import yaml
 
 from calibration.figures import figures_of, narrowed, with_figures
 from calibration.published import FRAMEWORKS, PublishedRun, published_runs
-from machine_models.loader import DEVICE_KINDS_FILE, load_machine
+from machine_models.loader import load_machine
 from planner.cost.step import evaluate
 from planner.schema.specs import MachineModel
 
@@ -102,7 +99,6 @@ OVERHEAD_SCAN = tuple(np.round(np.arange(0.0, 0.5001, 0.01), 3))
 SHARES_FIGURES_WITH = {"NVIDIA GH200": "NVIDIA H100 SXM5"}
 FIT_COMMAND = "exaplan validate --published --refit"
 FIT_MARK = "# fit:"  # starts the comment lines the refit writes (and replaces) in device_kinds.yaml
-_FRAMEWORK_LINE = re.compile(r"^# fit: framework (\w+): (\{.*\})")
 
 
 @dataclass
@@ -155,7 +151,7 @@ class StepTimes:
         key = (run.id, figs["peak_fraction"], figs["half_dim"], figs["attention_efficiency_factor"], figs["overlap_dp"])
         t = self.memo.get(key)
         if t is None:
-            m = run.adapt_machine(with_figures(self.machines[run.machine], {**figs, "step_overhead_s": 0.0}))
+            m = with_figures(self.machines[run.machine], {**figs, "step_overhead_s": 0.0})
             t = float(evaluate(run.model, m, run.job(), run.layouts()).step_time_s[0])
             self.memo[key] = t
             self.evaluations += 1
@@ -168,7 +164,7 @@ class StepTimes:
         if scale is None:
             # Every published unit is the step time itself or a constant over it (tokens,
             # FLOPs, MFU per second); the constant needs only the machine's peak FLOP rate.
-            m = run.adapt_machine(self.machines[run.machine])
+            m = self.machines[run.machine]
             scale = self.scales[run.id] = 0.0 if run.kind == "iteration_time_s" else float(run.figure_from_step_time(1.0, m))
         return step if scale == 0.0 else scale / step
 
@@ -375,105 +371,3 @@ def _folds(held_ids: list[str]) -> dict[str, float]:
             raise ValueError(f"{rid}: no other run on {device} or under {held.framework} to fit to")
         out[rid] = times.figure(held, fit.figures(device, held.framework))
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# device_kinds.yaml: writing a fit, reading the framework figures back
-# --------------------------------------------------------------------------------------------
-
-
-def framework_figures(path: Path = DEVICE_KINDS_FILE) -> dict[str, dict[str, float]]:
-    """The fitted figures of every framework, as the last refit recorded them in the header
-    of device_kinds.yaml (framework -> {overlap_dp, step_overhead_s}); empty before any fit."""
-    out = {}
-    for line in Path(path).read_text().splitlines():
-        match = _FRAMEWORK_LINE.match(line)
-        if match:
-            figs = yaml.safe_load(match.group(2))
-            out[match.group(1)] = {n: float(figs[n]) for n in FRAMEWORK_FIGURES}
-    return out
-
-
-def write_fit(fit: Fit, notes: dict[str, list[str]], path: Path = DEVICE_KINDS_FILE, date: str | None = None) -> None:
-    """Write `fit` into `path`, keeping every line the refit does not own.
-
-    The header gets one machine-readable line per framework ("# fit: framework NAME: {...}")
-    and notes[""] (the summary of the fit); each fitted device kind's block (and the blocks of
-    the kinds that share its figures) gets its figures and notes[device]; every block gets the
-    shipped framework's overlap.dp and step_overhead_s. Notes become "# fit:" comment lines,
-    the first one dated.
-    """
-    date = date or _dt.date.today().isoformat()
-    text = Path(path).read_text()
-    shipped = fit.framework[SHIPPED_FRAMEWORK]
-    header = [f"framework {fw}: {{overlap_dp: {figs['overlap_dp']:.3f}, step_overhead_s: {figs['step_overhead_s']:.3f}}}"
-              + ("  (shipped: in every block below)" if fw == SHIPPED_FRAMEWORK else "  (recorded, not shipped)")
-              for fw, figs in sorted(fit.framework.items())]
-    text = _rewrite_header(text, header + [f"`{FIT_COMMAND}`, {date}:"] + list(notes.get("", [])))
-    for device in _kinds_in(text):
-        source = SHARES_FIGURES_WITH.get(device, device)
-        if source in fit.device:
-            note = [] if source == device else [f"copied from {source} (same GPU, no published rows of its own)."]
-            note += [f"`{FIT_COMMAND}`, {date}:"] + list(notes.get(source, []))
-            text = _rewrite_block(text, device, {**fit.device[source], **shipped}, note)
-        else:
-            note = [f"`{FIT_COMMAND}`, {date}: overlap.dp and step_overhead_s are the {SHIPPED_FRAMEWORK}",
-                    "framework's (see the header); the other figures are first guesses (no published rows)."]
-            text = _rewrite_block(text, device, shipped, note)
-    Path(path).write_text(text)
-
-
-def _kinds_in(text: str) -> list[str]:
-    return [ln[:-1] for ln in text.splitlines() if ln.endswith(":") and not ln.startswith((" ", "#"))]
-
-
-def _rewrite_header(text: str, note: list[str]) -> str:
-    """Replace the "# fit:" lines of the header (the comments before the first block) by
-    `note`, placed at the end of the header."""
-    lines = text.splitlines()
-    first = next(i for i, ln in enumerate(lines) if ln and not ln.startswith("#"))
-    header = [ln for ln in lines[:first] if not ln.startswith(FIT_MARK)]
-    while header and not header[-1].strip():
-        header.pop()
-    out = header + [""] + [f"{FIT_MARK} {line}" for line in note] + [""] + lines[first:]
-    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
-
-
-def _rewrite_block(text: str, device: str, figs: dict[str, float], note: list[str]) -> str:
-    """Replace the fitted lines of one device kind's block (those of `figs`) and its
-    "# fit:" comment lines; a step_overhead_s line is added after `overlap` if missing."""
-    lines = text.splitlines()
-    try:
-        start = lines.index(f"{device}:")
-    except ValueError:
-        return text  # the kind is not in the file: nothing to update
-    end = start + 1
-    while end < len(lines) and (not lines[end] or lines[end].startswith((" ", "#"))):
-        end += 1
-    while end > start + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith("#")):
-        end -= 1  # comments after the block belong to the next one
-    block = [ln for ln in lines[start + 1:end] if not ln.strip().startswith(FIT_MARK)]
-    values = {}
-    if "peak_fraction" in figs:
-        values["matmul_efficiency"] = f"{{peak_fraction: {figs['peak_fraction']:.3f}, half_dim: {figs['half_dim']:.1f}}}"
-    if "attention_efficiency_factor" in figs:
-        values["attention_efficiency_factor"] = f"{figs['attention_efficiency_factor']:.3f}"
-    if "step_overhead_s" in figs:
-        values["step_overhead_s"] = f"{figs['step_overhead_s']:.3f}"
-    out, has_overhead = [], False
-    for ln in block:
-        key = ln.strip().split(":", 1)[0]
-        if ln.strip().startswith("#"):
-            out.append(ln)
-            continue
-        if key in values:
-            ln = f"  {key}: {values[key]}"
-            has_overhead |= key == "step_overhead_s"
-        elif key == "overlap" and "overlap_dp" in figs:
-            ln = re.sub(r"dp: [0-9.]+", f"dp: {figs['overlap_dp']:.3f}", ln)
-        out.append(ln)
-    if "step_overhead_s" in values and not has_overhead:
-        at = next((i + 1 for i, ln in enumerate(out) if ln.strip().startswith("overlap:")), len(out))
-        out.insert(at, f"  step_overhead_s: {values['step_overhead_s']}")
-    out[:0] = [f"  {FIT_MARK} {line}" for line in note]
-    return "\n".join(lines[:start + 1] + out + lines[end:]) + ("\n" if text.endswith("\n") else "")

@@ -20,9 +20,11 @@ Where a field is not published, the record makes a documented choice and lists t
 in `assumed`.
 
 Each record names its training framework (`framework`): megatron for sections A and B,
-fsdp for C (llm-foundry) and D (fms-fsdp), both PyTorch FSDP. What a framework sets is part
-of the record (its attention kernel, Megatron's --tp-comm-overlap: adapt_machine); what it
-achieves (hidden data-parallel traffic, fixed cost per step) is fitted per framework by
+fsdp for C (llm-foundry) and D (fms-fsdp), both PyTorch FSDP, predicted with the framework's
+profile (machine_models/frameworks.yaml; PROFILE_OF: the torch FSDP rows with exaplan's,
+whose runtime is torch FSDP2). What a framework sets is part of the record's job (its
+attention kernel, Megatron's --tp-comm-overlap: `job()`); what it achieves (hidden
+data-parallel traffic, fixed cost per step) is fitted per framework by
 calibration.fit_published.
 """
 
@@ -42,13 +44,16 @@ FlopConvention = Literal["megatron", "none"]
 # The training framework of a run: its figures (hidden data-parallel traffic, fixed cost per
 # step) are fitted per framework, not per run (calibration.fit_published). llm-foundry
 # (section C) and fms-fsdp (section D) both train with PyTorch FSDP.
-Framework = Literal["megatron", "fsdp"]
-FRAMEWORKS: tuple[str, ...] = ("megatron", "fsdp")
+Framework = Literal["megatron", "fsdp", "deepspeed"]
+FRAMEWORKS: tuple[str, ...] = ("megatron", "fsdp", "deepspeed")
+# The profile (machine_models/frameworks.yaml) each framework's rows are predicted with.
+PROFILE_OF = {"megatron": "megatron", "fsdp": "exaplan", "deepspeed": "deepspeed"}
 # Data-parallel shardings each framework runs: Megatron's DDP or distributed optimizer,
 # FSDP's full, gradient-and-optimizer or hybrid sharding (a single replica: none).
 FRAMEWORK_SHARDINGS = {
     "megatron": {Sharding.none, Sharding.zero1},
     "fsdp": {Sharding.none, Sharding.fsdp, Sharding.fsdp_grad_op, Sharding.hsdp},
+    "deepspeed": {Sharding.none, Sharding.zero1, Sharding.zero2, Sharding.fsdp},
 }
 
 UNITS: dict[str, str] = {
@@ -103,7 +108,7 @@ class PublishedRun(Spec):
     """One published figure and everything needed to predict it."""
 
     id: str = Field(description="Short unique id, section letter first.")
-    section: Literal["A", "B", "C", "D"] = Field(description="A: Megatron-LM README (DGX H100); B: Korthikanti et al. 2022 (DGX A100); C: MosaicML llm-foundry (H100); D: IBM fms-fsdp (A100).")
+    section: str = Field(pattern=r"^[A-Z]$", description="A: Megatron-LM README (DGX H100); B: Korthikanti et al. 2022 (DGX A100); C: MosaicML llm-foundry (H100); D: IBM fms-fsdp (A100); later letters: calibration/published_extra.py.")
     source: str = Field(description="Where the figure was published.")
     model: ModelSpec
     machine: str = Field(description="Machine preset (machine_models/<name>.yaml).")
@@ -135,7 +140,16 @@ class PublishedRun(Spec):
     # --- inputs of the cost model ---------------------------------------------------------
 
     def job(self) -> TrainingJob:
-        return TrainingJob(global_batch=self.layout.global_batch, seq_len=self.model.seq_len, precision=self.precision)
+        """The run's job, with its framework's profile as the run set it (attention kernel,
+        Megatron's --tp-comm-overlap). The profile's fitted figures are left to the machine
+        (None), so that a fit can vary them there."""
+        from machine_models import load_framework
+
+        profile = load_framework(PROFILE_OF[self.framework]).model_copy(update={
+            "overlap_dp": None, "step_overhead_s": None, "flash_attention": self.flash_attention,
+            "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0})
+        return TrainingJob(global_batch=self.layout.global_batch, seq_len=self.model.seq_len, precision=self.precision,
+                           framework=profile)
 
     def layouts(self) -> Layouts:
         """The run's layout as a one-row Layouts (cp = 1 in every published row)."""
@@ -143,20 +157,10 @@ class PublishedRun(Spec):
         return Layouts.one(dp=lay.dp, mbs=lay.micro_batch, gas=lay.gas, tp=lay.tp, pp=lay.pp, sharding=lay.sharding,
                            shard_group=lay.shard_group, recompute=lay.recompute, vpp=lay.vpp, sp=lay.sequence_parallel)
 
-    def adapt_machine(self, machine: MachineModel) -> MachineModel:
-        """The machine as this run's software used it. Two settings belong to the framework,
-        not to the device kind, and are set from the record (not fitted): the attention
-        kernel (fused or not) and the hidden fraction of tensor-parallel traffic, 1 with
-        Megatron's --tp-comm-overlap (its userbuffer overlap; fitting it instead puts it at 1
-        too) and 0 otherwise. The framework's fitted figures (overlap.dp, step_overhead_s)
-        come with the machine: calibration.fit_published."""
-        tp_hidden = 1.0 if self.tp_comm_overlap else 0.0
-        update = {}
-        if machine.flash_attention != self.flash_attention:
-            update["flash_attention"] = self.flash_attention
-        if machine.overlap.tp != tp_hidden:
-            update["overlap"] = machine.overlap.model_copy(update={"tp": tp_hidden})
-        return machine.model_copy(update=update) if update else machine
+    @property
+    def profile(self) -> str:
+        """The framework profile the row is predicted with."""
+        return PROFILE_OF[self.framework]
 
     # --- the published figure's unit -------------------------------------------------------
 

@@ -153,7 +153,7 @@ def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path
     """Write the plan of one layout, as `exaplan estimate --model MODEL --machine local
     --nodes 1 ARGS -o PATH` would (the same functions; the machine may be a MachineModel, and
     layout.ddp_bucket_mb forces the DDP bucket). Returns the plan."""
-    from planner.cost.step import DDP_BUCKETS_MB, evaluate
+    from planner.cost.step import evaluate
     from planner.emit import build_plan
     from planner.inputs import load_model, make_job
     from planner.schema.plan import write_plan
@@ -168,7 +168,7 @@ def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path
     problems = layout_problems(spec, job, world, lay)
     if problems:
         raise PlanError(f"layout {layout.name}: " + "; ".join(problems))
-    buckets = (float(layout.ddp_bucket_mb),) if layout.ddp_bucket_mb else DDP_BUCKETS_MB
+    buckets = (float(layout.ddp_bucket_mb),) if layout.ddp_bucket_mb else None
     ev = evaluate(spec, mach, job, lay, ddp_buckets_mb=buckets)
     argv = ["estimate", "--model", model, "--machine", name, "--nodes", "1", *layout.estimate_args()]
     plan = build_plan(spec, mach, job, 1, lay, ev, 0, command=shlex.join(["exaplan", *argv, "-o", str(path)]))
@@ -181,12 +181,12 @@ def predict(plan, machine=None) -> dict[str, float]:
     """Re-predict a plan's layout (same model, job, DDP bucket) on `machine` (default: the
     plan's own): step time, its parts and memory (GiB)."""
     from planner.cost.layout import Layouts
-    from planner.cost.step import DDP_BUCKETS_MB, evaluate
+    from planner.cost.step import evaluate
 
     mach = machine or plan.machine
     # DDP runs with the plan's bucket; the other kinds let the model choose, as the planner did.
     ddp = plan.sharding.kind.value == "none"
-    buckets = (plan.sharding.ddp_bucket_mb,) if ddp else DDP_BUCKETS_MB
+    buckets = (plan.sharding.ddp_bucket_mb,) if ddp else None
     ev = evaluate(plan.model, mach, plan.job, Layouts.from_plan(plan), ddp_buckets_mb=buckets)
     return dict(step_time_s=float(ev.step_time_s[0]), compute_s=float(ev.compute_s[0]), dp_s=float(ev.dp_s[0]),
                 tp_s=float(ev.tp_s[0]), pp_s=float(ev.pp_s[0]), bubble_s=float(ev.bubble_s[0]),

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from machine_models import DEVICE_KINDS_FILE
-from calibration import fit_published as cal
+from calibration import fit_files, fit_published as cal
 from planner.cost.step import evaluate
 from calibration.published import PublishedRun, published_runs
 from planner.schema.specs import MachineModel
@@ -64,9 +64,8 @@ class ValidationRow:
 def predict(run: PublishedRun, machine: MachineModel):
     """(predicted figure in the run's unit, Evaluation) of one published run on `machine`
     (the machine as its framework achieves it: see shipped_machine)."""
-    m = run.adapt_machine(machine)
-    ev = evaluate(run.model, m, run.job(), run.layouts())
-    return float(run.figure_from_step_time(ev.step_time_s[0], m)), ev
+    ev = evaluate(run.model, machine, run.job(), run.layouts())
+    return float(run.figure_from_step_time(ev.step_time_s[0], machine)), ev
 
 
 def shipped_machine(run: PublishedRun, machine: MachineModel,
@@ -77,7 +76,7 @@ def shipped_machine(run: PublishedRun, machine: MachineModel,
     read from the file; first guesses where none is recorded)."""
     if run.framework == cal.SHIPPED_FRAMEWORK:
         return machine
-    recorded = cal.framework_figures() if recorded is None else recorded
+    recorded = fit_files.framework_figures() if recorded is None else recorded
     return cal.with_figures(machine, recorded.get(run.framework, cal.FRAMEWORK_FIRST_GUESSES[run.framework]))
 
 
@@ -113,7 +112,7 @@ def validate_published(fitted: bool = True, *, refit: bool = False, leave_one_ou
     runs = published_runs()
     shipped = cal.machines_of(runs)
     if fitted:
-        recorded = cal.framework_figures()
+        recorded = fit_files.framework_figures()
         machines = [shipped_machine(r, shipped[r.machine], recorded) for r in runs]
     else:
         machines = [cal.first_guess_machine(shipped[r.machine], r.framework) for r in runs]
@@ -240,7 +239,7 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True,
     if leave_one_out_errors:
         _add_leave_one_out(rows, runs)
     if write:
-        cal.write_fit(fit, fit_notes(rows), path)
+        fit_files.write_fit(fit, fit_notes(rows), path)
     return fit, rows
 
 

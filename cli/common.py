@@ -18,6 +18,10 @@ SET_HELP = ("override a spec field by dotted path, repeatable: model.layers=96, 
             "machine.overlap.dp=0.5 ... ")
 WORKLOAD_HELP = ("pretrain (next-token loss), or dpo: preference tuning on (chosen, rejected) pairs; the global batch "
                  "counts pairs, both sequences run through the policy, plus a frozen reference model")
+FRAMEWORK_HELP = ("the training software the job runs with, as a profile of machine_models/frameworks.yaml: exaplan "
+                  "(default: torch FSDP2/DDP/pipelining, exaplan's runtime), megatron (Megatron-LM), deepspeed "
+                  "(Megatron-DeepSpeed); it sets the fitted overlap and per-step figures, the shardings searched, "
+                  "sequence parallelism, the gradient-reduction precision and the DDP buckets")
 REFERENCE_HELP = ("dpo: the reference model runs its forward passes in every step and is held in memory (in-step, "
                   "default), or its log-probabilities were precomputed once (exaplan run --precompute-reference)")
 
@@ -40,8 +44,10 @@ def add_job_options(p: argparse.ArgumentParser, nodes_required: bool = False) ->
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
+    """--workload, --reference and --framework: what runs and with which software."""
     p.add_argument("--workload", choices=["pretrain", "dpo"], default="pretrain", help=WORKLOAD_HELP)
     p.add_argument("--reference", choices=["in-step", "precomputed"], default="in-step", help=REFERENCE_HELP)
+    p.add_argument("--framework", default="exaplan", metavar="NAME", help=FRAMEWORK_HELP)
 
 
 def add_set_option(p: argparse.ArgumentParser) -> None:
@@ -53,24 +59,26 @@ def add_json_option(p: argparse.ArgumentParser, what: str = "print JSON instead 
 
 
 def load_specs(args):
-    """(model, machine) from --model/--machine with every --set override applied."""
-    from machine_models import load_machine
+    """(model, machine) from --model/--machine with every --set override applied; the machine
+    as --framework uses it (its fitted figures and settings: FrameworkProfile.applied_to)."""
+    from machine_models import load_framework, load_machine
     from planner.inputs import apply_overrides, check_overrides, load_model, parse_override
 
     overrides = [parse_override(o) for o in args.overrides]
     check_overrides(overrides, ("model", "machine"))
     model = apply_overrides(load_model(args.model), "model", overrides)
     machine = apply_overrides(load_machine(args.machine), "machine", overrides)
-    return model, machine
+    return model, load_framework(args.framework).applied_to(machine)
 
 
 def job_for(args, model, machine, world: int, token_budget: float | None = None):
-    """The job of the options for a world of `world` ranks."""
+    """The job of the options for a world of `world` ranks, with --framework's profile."""
+    from machine_models import load_framework
     from planner.inputs import make_job
 
     return make_job(model, machine, world, args.global_batch, args.seq_len, args.precision,
                     token_budget if token_budget is not None else getattr(args, "token_budget", None),
-                    args.workload, args.reference)
+                    args.workload, args.reference, load_framework(args.framework))
 
 
 def load_inputs(args):

@@ -44,6 +44,7 @@ def layout_of(args, machine):
 
 def run(args: argparse.Namespace) -> int:
     from planner.cost.flops import step_flops
+    from planner.cost.layout import framework_problems
     from planner.cost.step import evaluate
     from planner.emit import build_plan
     from planner.report import layout_label
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     model, machine, job = load_inputs(args)
     lay = layout_of(args, machine)
     problems = layout_problems(model, job, args.nodes * machine.devices_per_node, lay)
+    problems += framework_problems(job.framework, lay)
     if problems:
         raise PlanError("; ".join(problems))
     ev = evaluate(model, machine, job, lay)
@@ -75,7 +77,7 @@ def _print(args, model, machine, job, lay, ev) -> None:
     from planner.report import breakdown_table, flops_text, layout_label, memory_table
 
     out = console()
-    out.print(f"[b]{model.name}[/b] on {args.nodes} x {machine.name}: {layout_label(lay, 0)}")
+    out.print(f"[b]{model.name}[/b] on {args.nodes} x {machine.name} with {job.framework.name}: {layout_label(lay, 0)}")
     out.print(f"{ev.tokens_per_s[0]:,.0f} tokens/s, {ev.model_tflops_per_device[0]:.1f} model TFLOP/s per device "
               f"({ev.hardware_tflops_per_device[0]:.1f} hardware), MFU {ev.mfu[0]:.1%}, time to train "
               f"{job.token_budget:.3g} tokens {ev.time_to_train_days[0]:.2f} days")

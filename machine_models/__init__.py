@@ -6,6 +6,7 @@
     here = load_machine("local", ranks=4)
 """
 
+from machine_models.frameworks import FRAMEWORKS_FILE, list_frameworks, load_framework
 from machine_models.loader import (
     DEVICE_KINDS_FILE,
     PRESET_DIR,
@@ -17,8 +18,11 @@ from machine_models.loader import (
 
 __all__ = [
     "DEVICE_KINDS_FILE",
+    "FRAMEWORKS_FILE",
     "PRESET_DIR",
     "detect_local_machine",
+    "list_frameworks",
+    "load_framework",
     "list_machines",
     "load_machine",
     "load_machine_file",

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from planner.schema.errors import PlanError, format_validation_error
 from planner.presets import MODEL_PRESETS, get_model
-from planner.schema.specs import RENAMED_MACHINE_FIELDS, MachineModel, ModelSpec, Precision, TrainingJob
+from planner.schema.specs import RENAMED_MACHINE_FIELDS, FrameworkProfile, MachineModel, ModelSpec, Precision, TrainingJob
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -110,10 +110,10 @@ def default_precision(machine: MachineModel) -> Precision:
 
 def make_job(model: ModelSpec, machine: MachineModel, world: int, global_batch: int | None, seq_len: int | None,
              precision: str | None, token_budget: float | None, workload: str = "pretrain",
-             reference: str = "in-step") -> TrainingJob:
+             reference: str = "in-step", framework: FrameworkProfile | None = None) -> TrainingJob:
     """The training job; defaults: 8 sequences per rank (the seed runs' micro-batch; dpo: 4
     pairs, the same 8 sequences), the model's sequence length, the machine's fastest
-    precision, 1e9 tokens."""
+    precision, 1e9 tokens, exaplan's own runtime as the framework."""
     per_rank = 4 if workload == "dpo" else 8
     data = {
         "global_batch": global_batch if global_batch is not None else per_rank * world,
@@ -124,6 +124,8 @@ def make_job(model: ModelSpec, machine: MachineModel, world: int, global_batch: 
     }
     if token_budget is not None:
         data["token_budget"] = token_budget
+    if framework is not None:
+        data["framework"] = framework
     try:
         job = TrainingJob.model_validate(data)
     except ValidationError as e:

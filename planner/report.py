@@ -127,7 +127,7 @@ def explain_plan(plan: Plan, console: Console) -> None:
     console.print(f"[b]{p.model.name}[/b] on [b]{p.nodes} x {p.machine.name}[/b] ({p.world_size} ranks, "
                   f"{p.ranks_per_node} per node, {p.machine.device_name})")
     console.print(f"job: global batch {p.job.global_batch} x {p.job.seq_len} tokens, {p.job.precision.value}, "
-                  f"{p.job.workload.value}, token budget {p.job.token_budget:.3g}")
+                  f"{p.job.workload.value}, token budget {p.job.token_budget:.3g}, framework {p.job.framework.name}")
     mesh = Table(title="Mesh (ranks row-major over these axes, tp fastest; node = rank // ranks_per_node)", title_justify="left")
     for a in MESH_AXES:
         mesh.add_column(a, justify="right")

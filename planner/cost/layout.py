@@ -12,7 +12,7 @@ import numpy as np
 
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan, Recompute, Schedule, Sharding
-from planner.schema.specs import divisors
+from planner.schema.specs import FrameworkProfile, divisors
 
 SHARDINGS = tuple(Sharding)
 RECOMPUTES = tuple(Recompute)
@@ -178,3 +178,24 @@ def default_shard_group(dp: int, ranks_per_node: int) -> int:
         raise PlanError(f"hsdp needs dp >= 4 to have both shards and replicas; dp is {dp}", field="dp")
     inside = [g for g in legal if g <= ranks_per_node]
     return max(inside) if inside else min(legal)
+
+
+def framework_allows(framework: FrameworkProfile, lay: Layouts) -> np.ndarray:
+    """Per row: whether the framework runs the layout (its shardings; sequence parallelism
+    only where it offers it)."""
+    codes = [SHARDINGS.index(s) for s in framework.shardings]
+    ok = np.isin(lay.sharding, codes)
+    if not framework.sequence_parallel:
+        ok &= lay.sp == 0
+    return ok
+
+
+def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0) -> list[str]:
+    """Why row i is not a layout the framework runs (empty when it is)."""
+    out = []
+    if SHARDINGS[lay.sharding[i]] not in framework.shardings:
+        out.append(f"shard: {framework.name} runs {', '.join(s.value for s in framework.shardings)}, not "
+                   f"{SHARDINGS[lay.sharding[i]].value}")
+    if lay.sp[i] and not framework.sequence_parallel:
+        out.append(f"sp: {framework.name} has no sequence parallelism")
+    return out

@@ -40,7 +40,7 @@ from planner.cost.pipeline import chunk_bottleneck
 from planner.cost.topology import LinkTiers, link_tiers
 from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
 
-# DDP gradient bucket sizes the planner chooses from (MB); `evaluate` can be given others.
+# DDP bucket sizes of exaplan's runtime (MB); each framework's: FrameworkProfile.ddp_buckets_mb.
 DDP_BUCKETS_MB = (25.0, 100.0, 400.0)
 ZERO_BUCKET_PARAMS = 40e6
 GIB = 2.0**30
@@ -151,7 +151,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     cp_mb = blocks_on_rank * passes * comm.ring_all_gather(pl_cp.size, kv_full, pl_cp.alpha_s, pl_cp.beta_Bps) / pl_cp.eff["all_gather"] * (1 - ov.cp)
     # Pipeline: each chunk sends its activations forward and their gradients back.
     pl_pp = comm.place(u.pp, u.dp * u.cp * t, tiers)
-    pp_bytes = np.where(u.sp == 1, M_act / t, M_act)
+    pp_bytes = np.where((u.sp == 1) | job.framework.pp_sends_split_over_tp, M_act / t, M_act)
     pp_mb = np.where(u.pp > 1, 2 * v * comm.point_to_point(pp_bytes, pl_pp.alpha_s, pl_pp.beta_Bps) * (1 - ov.pp), 0.0)
     act_per_mb, act_fixed = activation_bytes(model, machine, job, u)
     compute_mb = load * v * fb_layer + compute.framework_overhead_s(machine, blocks_on_rank, u.recompute, u.tp)
@@ -193,7 +193,7 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
                ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB) -> MeshCosts:
     s, t = m.sharding, m.tp
     P = stage_params(model, m) / t
-    M_grad = P * 4.0  # gradients reduced in fp32
+    M_grad = P * job.framework.grad_reduce_bytes  # gradients reduced in fp32 unless the framework says bf16
     M_w = P * (4.0 if job.precision == Precision.fp32 else 2.0)
     n_blocks = np.ceil(model.layers / m.pp)
     G = np.maximum(m.shard_group, 1)
@@ -443,9 +443,13 @@ def _evaluation(model: ModelSpec, machine: MachineModel, job: TrainingJob, space
 
 
 def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, fast: bool = True,
-                   detail: bool = True, ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB):
+                   detail: bool = True, ddp_buckets_mb: tuple[float, ...] | None = None):
     """Predict every row of a layout space (see the module docstring for `fast`). With
-    detail=False only the Scores the search needs are computed (much less work per row)."""
+    detail=False only the Scores the search needs are computed (much less work per row).
+    The machine is taken as the job's framework uses it (FrameworkProfile.applied_to); the
+    DDP bucket sizes default to the framework's."""
+    machine = job.framework.applied_to(machine)
+    ddp_buckets_mb = tuple(map(float, ddp_buckets_mb or job.framework.ddp_buckets_mb))
     tiers = link_tiers(machine)
     algos = offered_algorithms(machine)
     U = unit_costs(model, machine, job, space.units, tiers, algos)
@@ -467,9 +471,10 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
 
 
 def evaluate(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts, fast: bool = False,
-             ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB) -> Evaluation:
+             ddp_buckets_mb: tuple[float, ...] | None = None) -> Evaluation:
     """Predict explicit layouts (one row each), with library-consistent algorithms by default.
-    `ddp_buckets_mb`: the DDP bucket sizes to choose from (one size to predict a given plan's)."""
-    if not ddp_buckets_mb or min(ddp_buckets_mb) <= 0:
+    `ddp_buckets_mb`: the DDP bucket sizes to choose from (default the job's framework's; one
+    size to predict a given plan's)."""
+    if ddp_buckets_mb is not None and (not ddp_buckets_mb or min(ddp_buckets_mb) <= 0):
         raise ValueError(f"ddp_buckets_mb must be positive sizes, got {ddp_buckets_mb!r}")
-    return evaluate_space(model, machine, job, Space.of(lay), fast=fast, ddp_buckets_mb=tuple(map(float, ddp_buckets_mb)))
+    return evaluate_space(model, machine, job, Space.of(lay), fast=fast, ddp_buckets_mb=ddp_buckets_mb)

@@ -20,7 +20,9 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from planner.schema.errors import PlanError, format_validation_error
-from planner.schema.specs import Algorithm, MachineModel, ModelSpec, PosInt, Spec, TrainingJob
+from planner.schema.specs import (  # noqa: F401 - the layout enums are part of the plan's API
+    Algorithm, MachineModel, ModelSpec, PosInt, Recompute, Schedule, Sharding, Spec, TrainingJob,
+)
 
 SCHEMA_VERSION = 2
 # What changed in each version, for the message that refuses an older plan file.
@@ -33,31 +35,6 @@ SCHEMA_CHANGES = {
 # Mesh axes, outermost first; the rank is the row-major index over these degrees, so tp is
 # the fastest-varying axis (tensor-parallel ranks are neighbours, inside a node).
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-
-
-class Sharding(str, Enum):
-    """How data-parallel ranks hold parameters, gradients and optimizer state."""
-
-    none = "none"  # DDP: everything replicated, gradients allreduced
-    zero1 = "zero1"  # optimizer state sharded over dp
-    zero2 = "zero2"  # optimizer state and gradients sharded over dp
-    fsdp = "fsdp"  # everything sharded, parameters resharded after forward (FULL_SHARD)
-    fsdp_grad_op = "fsdp-grad-op"  # everything sharded, gathered parameters kept to backward
-    hsdp = "hsdp"  # fsdp inside a shard group of dp_shard ranks, replicated across groups
-
-
-class Recompute(str, Enum):
-    """Activation recompute levels, least memory-saving first."""
-
-    none = "none"  # keep every activation
-    selective = "selective"  # recompute the attention core only (Korthikanti et al. 2022)
-    full = "full"  # keep only each block's input; recompute the block in backward
-
-
-class Schedule(str, Enum):
-    gpipe = "gpipe"
-    one_f_one_b = "1f1b"
-    interleaved_1f1b = "interleaved-1f1b"
 
 
 class Communicator(str, Enum):

@@ -213,6 +213,88 @@ class MachineModel(Spec):
 
 
 # --------------------------------------------------------------------------------------------
+# Layout choices and the training framework
+# --------------------------------------------------------------------------------------------
+
+
+class Sharding(str, Enum):
+    """How data-parallel ranks hold parameters, gradients and optimizer state."""
+
+    none = "none"  # DDP: everything replicated, gradients allreduced
+    zero1 = "zero1"  # optimizer state sharded over dp
+    zero2 = "zero2"  # optimizer state and gradients sharded over dp
+    fsdp = "fsdp"  # everything sharded, parameters resharded after forward (FULL_SHARD)
+    fsdp_grad_op = "fsdp-grad-op"  # everything sharded, gathered parameters kept to backward
+    hsdp = "hsdp"  # fsdp inside a shard group of dp_shard ranks, replicated across groups
+
+
+class Recompute(str, Enum):
+    """Activation recompute levels, least memory-saving first."""
+
+    none = "none"  # keep every activation
+    selective = "selective"  # recompute the attention core only (Korthikanti et al. 2022)
+    full = "full"  # keep only each block's input; recompute the block in backward
+
+
+class Schedule(str, Enum):
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"
+    interleaved_1f1b = "interleaved-1f1b"
+
+
+class FrameworkProfile(Spec):
+    """The training software a job runs with, as the cost model sees it: what the framework
+    achieves (fitted per framework from its published runs) and what it offers. Profiles are
+    data (machine_models/frameworks.yaml); `exaplan plan --framework NAME` picks one."""
+
+    name: str = Field("exaplan", description="exaplan (torch FSDP2/DDP/pipelining), megatron, deepspeed, ...")
+    description: str = Field("", description="What the profile stands for and where its figures come from.")
+    overlap_dp: Fraction | None = Field(
+        None, description="Hidden fraction of data-parallel traffic (fitted); None: the machine's own figure "
+                          "(its device kind's, fitted for exaplan's runtime).")
+    step_overhead_s: float | None = Field(
+        None, ge=0, description="Fixed cost of every optimizer step (fitted), s; None: the machine's own figure.")
+    overlap_tp: Fraction = Field(0.0, description="Hidden fraction of tensor-parallel traffic (Megatron's "
+                                                  "--tp-comm-overlap: 1).")
+    flash_attention: bool = Field(True, description="Uses fused attention where the device has it.")
+    sequence_parallel: bool = Field(True, description="Offers sequence parallelism with tensor parallelism.")
+    pp_sends_split_over_tp: bool = Field(
+        False, description="Pipeline sends split over the tensor-parallel ranks even without sequence parallelism "
+                           "(Megatron's scatter/gather of p2p messages).")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction.")
+    ddp_buckets_mb: list[PosFloat] = Field(default_factory=lambda: [25.0, 100.0, 400.0],
+                                           description="DDP gradient bucket sizes the framework can use (MB).")
+    shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
+                                      description="Data-parallel shardings the framework runs.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "FrameworkProfile":
+        if not self.ddp_buckets_mb:
+            raise ValueError("ddp_buckets_mb: at least one bucket size")
+        if not self.shardings:
+            raise ValueError("shardings: at least one sharding")
+        return self
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        return 4 if self.grad_reduce_dtype == "fp32" else 2
+
+    def applied_to(self, machine: "MachineModel") -> "MachineModel":
+        """The machine as this framework uses it: its fitted figures where it has them, its
+        tensor-parallel overlap, fused attention only where both offer it. Idempotent."""
+        overlap = machine.overlap.model_copy(update={"tp": self.overlap_tp, **(
+            {} if self.overlap_dp is None else {"dp": self.overlap_dp})})
+        update = {}
+        if overlap != machine.overlap:
+            update["overlap"] = overlap
+        if self.step_overhead_s is not None and self.step_overhead_s != machine.step_overhead_s:
+            update["step_overhead_s"] = self.step_overhead_s
+        if machine.flash_attention and not self.flash_attention:
+            update["flash_attention"] = False
+        return machine.model_copy(update=update) if update else machine
+
+
+# --------------------------------------------------------------------------------------------
 # Training job
 # --------------------------------------------------------------------------------------------
 
@@ -240,6 +322,8 @@ class TrainingJob(Spec):
                                        "passes and its parameters count), or its log-probabilities were precomputed."
     )
     token_budget: float = Field(1e9, gt=0, description="Tokens to train on, for time-to-train.")
+    framework: FrameworkProfile = Field(default_factory=FrameworkProfile,
+                                        description="The training software (default: exaplan's own runtime).")
 
     @property
     def sequences_per_sample(self) -> int:

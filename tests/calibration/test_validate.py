@@ -27,8 +27,8 @@ import pytest
 from rich.console import Console
 
 import machine_models.loader as loader
-from machine_models import DEVICE_KINDS_FILE, list_machines, load_machine
-from calibration import fit_published as cal
+from machine_models import FRAMEWORKS_FILE, DEVICE_KINDS_FILE, list_machines, load_machine
+from calibration import fit_files, fit_published as cal
 from calibration.published import FRAMEWORKS, UNITS, published_runs
 from calibration.validate_published import (
     predict,
@@ -123,7 +123,7 @@ def test_unit_conversions_reproduce_the_papers_own_arithmetic():
 
 def test_fit_stays_within_bounds(fit):
     assert set(fit.device) == {"NVIDIA H100 SXM5", "NVIDIA A100 SXM4"}
-    assert set(fit.framework) == set(FRAMEWORKS)
+    assert set(fit.framework) == {r.framework for r in published_runs()}
     for figures, names in [(f, cal.DEVICE_FIGURES) for f in fit.device.values()] + \
                           [(f, cal.FRAMEWORK_FIGURES) for f in fit.framework.values()]:
         assert set(figures) == set(names)
@@ -156,7 +156,7 @@ def test_fast_prediction_of_the_fit_matches_the_cost_model(fit, times):
 def test_median_error_after_fit_is_below_limit(fitted_errors):
     errors = np.abs([e for _, e in fitted_errors.values()])
     assert np.median(errors) < MEDIAN_ERROR_LIMIT, f"median |error| {np.median(errors):.1%}"
-    for fw in FRAMEWORKS:
+    for fw in {r.framework for r, _ in fitted_errors.values()}:
         part = np.abs([e for r, e in fitted_errors.values() if r.framework == fw])
         assert np.median(part) < FRAMEWORK_MEDIAN_LIMIT, f"{fw}: median |error| {np.median(part):.1%}"
     first = summary(validate_published(fitted=False))[0]
@@ -178,9 +178,9 @@ def test_shipped_machine_models_carry_the_fit(fit):
         assert shipped["attention_efficiency_factor"] == pytest.approx(expected["attention_efficiency_factor"], abs=0.02)
         assert shipped["overlap_dp"] == pytest.approx(expected["overlap_dp"], abs=0.03), name
         assert shipped["step_overhead_s"] == pytest.approx(expected["step_overhead_s"], abs=0.02), name
-    recorded = cal.framework_figures()
-    assert set(recorded) == set(FRAMEWORKS)
-    for fw in FRAMEWORKS:
+    recorded = fit_files.framework_figures()
+    assert set(fit.framework) <= set(recorded) <= set(FRAMEWORKS)
+    for fw in fit.framework:
         assert recorded[fw]["overlap_dp"] == pytest.approx(fit.framework[fw]["overlap_dp"], abs=0.03), fw
         assert recorded[fw]["step_overhead_s"] == pytest.approx(fit.framework[fw]["step_overhead_s"], abs=0.02), fw
 
@@ -188,7 +188,7 @@ def test_shipped_machine_models_carry_the_fit(fit):
 def test_every_preset_carries_the_fsdp_framework_figures():
     """The framework figures belong to exaplan's runtime (FSDP), whatever the device kind;
     machine files inherit step_overhead_s from device_kinds.yaml like the other figures."""
-    fsdp = cal.framework_figures()[cal.SHIPPED_FRAMEWORK]
+    fsdp = fit_files.framework_figures()[cal.SHIPPED_FRAMEWORK]
     for name in list_machines():
         if name == "local":
             continue
@@ -199,7 +199,7 @@ def test_every_preset_carries_the_fsdp_framework_figures():
 
 def test_megatron_rows_are_predicted_with_megatron_figures():
     runs = {r.id: r for r in published_runs()}
-    recorded = cal.framework_figures()
+    recorded = fit_files.framework_figures()
     h100 = load_machine("dgx-h100")
     meg = shipped_machine(runs["A-gpt-32b"], h100, recorded)
     assert meg.overlap.dp == pytest.approx(recorded["megatron"]["overlap_dp"])
@@ -229,20 +229,23 @@ def test_leave_one_out_of_one_row():
 
 
 def test_write_fit_keeps_comments_and_is_read_back(tmp_path, monkeypatch, fit):
-    path = tmp_path / "device_kinds.yaml"
+    path, profiles = tmp_path / "device_kinds.yaml", tmp_path / "frameworks.yaml"
     original = DEVICE_KINDS_FILE.read_text()
     path.write_text(original)
+    profiles.write_text(FRAMEWORKS_FILE.read_text())
     notes = {"": ["all rows: a note"], "NVIDIA H100 SXM5": ["an H100 note."]}
-    cal.write_fit(fit, notes, path, date="2000-01-01")
-    once = path.read_text()
-    cal.write_fit(fit, notes, path, date="2000-01-01")
-    assert path.read_text() == once, "rewriting is idempotent"
+    fit_files.write_fit(fit, notes, path, date="2000-01-01", frameworks=profiles)
+    once, profiles_once = path.read_text(), profiles.read_text()
+    fit_files.write_fit(fit, notes, path, date="2000-01-01", frameworks=profiles)
+    assert path.read_text() == once and profiles.read_text() == profiles_once, "rewriting is idempotent"
+    kept = [ln for ln in FRAMEWORKS_FILE.read_text().splitlines() if ln.lstrip().startswith("#") and "# fit:" not in ln]
+    assert all(ln in profiles_once for ln in kept)
     # Every comment line of the original that the refit does not own is still there.
     kept = [ln for ln in original.splitlines() if ln.lstrip().startswith("#") and "# fit:" not in ln]
     assert all(ln in once for ln in kept)
     assert "2000-01-01" in once and "an H100 note." in once
-    recorded = cal.framework_figures(path)
-    for fw in FRAMEWORKS:
+    recorded = fit_files.framework_figures(path, profiles)
+    for fw in fit.framework:
         for name in cal.FRAMEWORK_FIGURES:
             assert recorded[fw][name] == pytest.approx(fit.framework[fw][name], abs=1e-3)
     monkeypatch.setattr(loader, "DEVICE_KINDS_FILE", path)
@@ -273,5 +276,5 @@ def test_render_and_json():
     assert data["summary"]["rows"] == len(rows)
     assert data["summary"]["median_abs_error"] == pytest.approx(summary(rows)[0])
     assert data["rows"][0]["id"] == rows[0].id and data["rows"][0]["framework"] == "megatron"
-    assert set(data["by_framework"]) == set(FRAMEWORKS)
+    assert set(data["by_framework"]) == {r.framework for r in rows}
     assert sum(part["rows"] for part in data["by_device"].values()) == len(rows)

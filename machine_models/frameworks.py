@@ -1,0 +1,45 @@
+"""Training-framework profiles (frameworks.yaml): `load_framework("megatron")`."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from planner.schema.errors import PlanError, format_validation_error
+from planner.schema.specs import FrameworkProfile
+
+FRAMEWORKS_FILE = Path(__file__).resolve().parent / "frameworks.yaml"
+DEFAULT_FRAMEWORK = "exaplan"
+
+
+def _profiles(path: Path = FRAMEWORKS_FILE) -> dict[str, dict]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise PlanError(f"cannot read the framework profiles: {e}", field=str(path)) from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise PlanError("expected a mapping of framework name -> fields", field=str(path))
+    return data
+
+
+def list_frameworks(path: Path = FRAMEWORKS_FILE) -> list[str]:
+    """The profiles `load_framework` knows, in file order."""
+    return list(_profiles(path))
+
+
+def load_framework(name: str | None = None, path: Path = FRAMEWORKS_FILE) -> FrameworkProfile:
+    """A framework profile by name (default: exaplan's own runtime). An unknown name raises
+    PlanError with the known ones and the closest match."""
+    name = name or DEFAULT_FRAMEWORK
+    profiles = _profiles(path)
+    if name not in profiles:
+        near = difflib.get_close_matches(name, list(profiles), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise PlanError(f"unknown framework {name!r}{hint}; known: {', '.join(profiles)}", field="framework")
+    try:
+        return FrameworkProfile.model_validate({"name": name, **profiles[name]})
+    except ValidationError as e:
+        raise PlanError(format_validation_error(e, prefix=name), field=str(path)) from None

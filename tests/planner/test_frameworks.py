@@ -1,0 +1,96 @@
+"""Framework profiles (machine_models/frameworks.yaml): what a training framework achieves and
+offers, applied by the cost model and recorded in the plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.main import main
+from machine_models import list_frameworks, load_framework, load_machine
+from planner.cost.layout import Layouts, framework_problems
+from planner.cost.step import evaluate
+from planner.inputs import make_job
+from planner.presets import get_model
+from planner.schema.errors import PlanError
+from planner.schema.plan import load_plan
+from planner.schema.specs import FrameworkProfile, Sharding
+
+
+def test_the_profiles_and_the_default():
+    assert list_frameworks()[:3] == ["exaplan", "megatron", "deepspeed"]
+    exaplan = load_framework("exaplan")
+    assert exaplan.model_copy(update={"description": ""}) == FrameworkProfile(), \
+        "frameworks.yaml's exaplan entry is the schema's default profile"
+    assert load_framework().name == "exaplan"
+    megatron = load_framework("megatron")
+    assert set(megatron.shardings) == {Sharding.none, Sharding.zero1} and megatron.pp_sends_split_over_tp
+
+
+def test_unknown_framework_names_the_closest():
+    with pytest.raises(PlanError) as err:
+        load_framework("megatorn")
+    assert err.value.field == "framework" and "did you mean 'megatron'" in str(err.value)
+
+
+def test_profile_figures_override_the_machine_and_none_keeps_it():
+    h100 = load_machine("dgx-h100")
+    assert FrameworkProfile().applied_to(h100) is h100  # exaplan: the device kind's figures
+    megatron = load_framework("megatron")
+    m = megatron.applied_to(h100)
+    assert m.overlap.dp == megatron.overlap_dp and m.step_overhead_s == megatron.step_overhead_s
+    assert m.matmul_efficiency == h100.matmul_efficiency
+    assert megatron.applied_to(m) == m, "idempotent"
+    no_flash = FrameworkProfile(flash_attention=False)
+    assert not no_flash.applied_to(h100).flash_attention
+    cpu = load_machine("local")
+    assert FrameworkProfile().applied_to(cpu).flash_attention == cpu.flash_attention  # never turned on
+
+
+def _job(framework: FrameworkProfile, world: int = 64):
+    model, machine = get_model("protein-7b"), load_machine("dgx-h100")
+    return model, machine, make_job(model, machine, world, 512, None, None, None, framework=framework)
+
+
+def test_pipeline_sends_split_over_tp_ranks():
+    """Megatron scatters p2p messages over the TP ranks; exaplan's runtime sends them whole
+    without sequence parallelism."""
+    lay = Layouts.one(dp=4, mbs=1, gas=128, tp=4, pp=4, sp=False)
+    base = FrameworkProfile()
+    split = base.model_copy(update={"pp_sends_split_over_tp": True})
+    model, machine, job = _job(base)
+    whole = evaluate(model, machine, job, lay).pp_s[0]
+    model, machine, job = _job(split)
+    assert evaluate(model, machine, job, lay).pp_s[0] < whole
+
+
+def test_bf16_gradient_reduction_halves_the_traffic():
+    lay = Layouts.one(dp=64, mbs=1, gas=8)
+    fp32 = FrameworkProfile(overlap_dp=0.0)
+    bf16 = fp32.model_copy(update={"grad_reduce_dtype": "bf16"})
+    model, machine, job32 = _job(fp32)
+    _, _, job16 = _job(bf16)
+    t32, t16 = evaluate(model, machine, job32, lay).dp_s[0], evaluate(model, machine, job16, lay).dp_s[0]
+    assert t16 < 0.6 * t32
+
+
+def test_a_framework_refuses_what_it_does_not_run():
+    megatron = load_framework("megatron")
+    assert framework_problems(megatron, Layouts.one(dp=8, mbs=1, sharding="zero1")) == []
+    assert "megatron runs none, zero1" in framework_problems(megatron, Layouts.one(dp=8, mbs=1, sharding="fsdp"))[0]
+    no_sp = FrameworkProfile(sequence_parallel=False)
+    assert framework_problems(no_sp, Layouts.one(dp=2, mbs=1, tp=4))[0].startswith("sp:")
+
+
+def test_estimate_and_plan_take_the_framework(tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    assert main(["estimate", "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "2", "--dp", "16",
+                 "--mbs", "1", "--global-batch", "64", "--shard", "zero1", "--framework", "megatron",
+                 "-o", str(out)]) == 0
+    plan = load_plan(out)
+    assert plan.job.framework.name == "megatron" and plan.machine.overlap.dp == load_framework("megatron").overlap_dp
+    capsys.readouterr()
+    assert main(["estimate", "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "2", "--dp", "16",
+                 "--mbs", "1", "--shard", "fsdp", "--framework", "megatron", "-o", str(tmp_path / "no.yaml")]) == 2
+    assert "shard: megatron runs" in capsys.readouterr().err and not (tmp_path / "no.yaml").exists()
+    assert main(["plan", "--model", "protein-tiny", "--machine", "dgx-h100", "--framework", "nope", "--no-write"]) == 2
+    assert "unknown framework 'nope'" in capsys.readouterr().err
