@@ -11,8 +11,35 @@ scatter inside the node, allreduce across nodes on 1/k of the data, all-gather i
 Placement: ranks are numbered row-major over the mesh (tp fastest), nodes are filled in
 order. A communicator of `size` ranks whose members are `stride` ranks apart has
 k = min(size, devices_per_node // stride) members in each node it touches (1 if stride >=
-devices_per_node) and spans size / k nodes; the devices_per_node / k communicators of that
-axis living on one node share its NICs while they run at the same time.
+devices_per_node) and spans N = size / k nodes; the devices_per_node / k communicators of
+that axis living on one node share its NICs while they run at the same time.
+
+Ring latency: a ring ordered by rank leaves a node once per node it spans, so of its n hops
+N cross the network and n - N stay inside a node; the data of a pipelined ring follows the
+ring, so each step costs the mean hop latency (NCCL's own model counts inter-node latency
+on 2N of an allreduce's 2(n-1) steps):  alpha_ring = (N alpha_inter + (n - N) alpha_intra) / n.
+
+Dragonfly taper: a group's global links carry taper x the injection bandwidth of its nodes
+(global_bandwidth_taper). A communicator on N nodes spanning g = ceil(N x node stride /
+nodes_per_group) groups (c = N / g of its nodes per group) sends a share phi of each node's
+bytes to other groups. Adaptive routing spreads a group's crossing traffic over all of its
+global links (bisection-limited), so a node's rate r obeys r <= B_inj and phi r <= taper
+B_inj, and a rank's bandwidth is
+
+    beta = min(beta_intra, B_inj / sharing x min(1, taper / phi))
+
+(phi = 0 inside one group; with taper 1 nothing changes). phi per algorithm, ranks ordered
+by node and nodes by group:
+  - ring (and neighbour sends): g of its N inter-node hops cross a group boundary,
+    phi = g / N = 1 / c;
+  - double binary tree over nodes: an edge at level l spans 2^l nodes and crosses with
+    probability min(1, 2^l / c); there are N / 2^(l+1) of them: phi = min(1, (1 + log2(c)/2) / c);
+  - Rabenseifner (MPICH order: recursive halving from the nearest partner, so the large
+    halves stay inside a group): only the exchanges with partners R = k c ranks away or more
+    cross, M (1/R - 1/p) of the (1 - 1/p) M a rank sends: phi = (1/R - 1/p) / (1 - 1/p),
+    p = 2^floor(log2 n);
+  - hierarchical: its across-node stage is a Rabenseifner allreduce or a ring over the N
+    nodes (R = c).
 """
 
 from __future__ import annotations
@@ -34,13 +61,27 @@ class Placement:
 
     size: np.ndarray  # ranks in the communicator
     local: np.ndarray  # members per node (k)
-    nodes: np.ndarray  # nodes spanned
-    alpha_s: np.ndarray  # latency of one message between neighbours
-    beta_Bps: np.ndarray  # per-rank bandwidth of a flat algorithm
+    nodes: np.ndarray  # nodes spanned (N)
+    groups: np.ndarray  # dragonfly groups spanned (g; 1 on a fat tree)
+    alpha_s: np.ndarray  # latency of one message between neighbours in different nodes
+    ring_alpha_s: np.ndarray  # mean latency of a hop of a ring ordered by rank
+    beta_Bps: np.ndarray  # per-rank bandwidth of a ring (neighbour traffic), taper on its crossing share
+    nic_beta_Bps: np.ndarray  # per-rank bandwidth of a flat algorithm before the taper
     intra_alpha_s: float
     intra_beta_Bps: float
-    inter_beta_Bps: np.ndarray  # per-rank share of the NICs when every device talks at once
+    inter_beta_Bps: np.ndarray  # per-rank share of the NICs when every device talks at once (before the taper)
+    taper: float  # global bandwidth per node / injection bandwidth
     eff: dict[str, float]  # collective -> fraction of the modelled speed the library reaches
+
+    def tapered(self, beta, phi) -> np.ndarray:
+        """`beta` (bytes/s of NIC-bound traffic) when a share `phi` of it crosses groups
+        whose global links give each node taper x its injection: beta x min(1, taper / phi)."""
+        return np.where(self.nodes > 1, beta / np.maximum(1.0, phi / self.taper), beta)
+
+    def flat_beta(self, phi) -> np.ndarray:
+        """Per-rank bandwidth of a flat algorithm that sends a share `phi` across groups."""
+        return np.where(self.nodes > 1, np.minimum(self.intra_beta_Bps, self.tapered(self.nic_beta_Bps, phi)),
+                        self.intra_beta_Bps)
 
 
 def place(size, stride, tiers: LinkTiers) -> Placement:
@@ -51,14 +92,40 @@ def place(size, stride, tiers: LinkTiers) -> Placement:
     local = np.where(stride >= dpn, 1, np.minimum(size, np.maximum(dpn // np.maximum(stride, 1), 1)))
     nodes = np.maximum(size // np.maximum(local, 1), 1)
     multi = nodes > 1
+    # Nodes between consecutive members (1 when members fill nodes), and so the groups spanned.
+    node_stride = np.maximum(stride / dpn, 1.0)
+    groups = np.clip(np.ceil(nodes * node_stride / tiers.nodes_per_group), 1, nodes)
     sharing = dpn / local  # communicators of this axis on one node, all active together
-    taper = np.where(nodes > tiers.nodes_per_group, tiers.global_taper, 1.0)
-    nic_share = tiers.node_injection_Bps * taper / sharing
-    beta = np.where(multi, np.minimum(tiers.intra_bandwidth_Bps, nic_share), tiers.intra_bandwidth_Bps)
+    nic_share = tiers.node_injection_Bps / sharing
     alpha = np.where(multi, tiers.inter_latency_s, tiers.intra_latency_s)
-    inter_beta = np.minimum(tiers.intra_bandwidth_Bps, tiers.node_injection_Bps * taper / dpn)
+    ring_alpha = np.where(multi, (nodes * tiers.inter_latency_s + (size - nodes) * tiers.intra_latency_s) / size,
+                          tiers.intra_latency_s)
     eff = {"allreduce": tiers.allreduce_eff, "reduce_scatter": tiers.reduce_scatter_eff, "all_gather": tiers.all_gather_eff}
-    return Placement(size, local, nodes, alpha, beta, tiers.intra_latency_s, tiers.intra_bandwidth_Bps, inter_beta, eff)
+    pl = Placement(size, local, nodes, groups, alpha, ring_alpha, tiers.intra_bandwidth_Bps, nic_share,
+                   tiers.intra_latency_s, tiers.intra_bandwidth_Bps,
+                   np.minimum(tiers.intra_bandwidth_Bps, tiers.node_injection_Bps / dpn), tiers.global_taper, eff)
+    pl.beta_Bps = pl.flat_beta(crossing_share(AL_RING, pl))
+    return pl
+
+
+def crossing_share(algorithm: int, pl: Placement, across_nodes: bool = False) -> np.ndarray:
+    """phi: the share of its bytes that a rank of `pl` sends to another dragonfly group
+    (module docstring). `across_nodes`: the across-node stage of the hierarchical
+    algorithm (one rank per node)."""
+    g = pl.groups
+    c = pl.nodes / g  # the communicator's nodes per group
+    if algorithm == AL_RING:
+        phi = g / pl.nodes
+    elif algorithm == AL_TREE:
+        phi = np.minimum(1.0, (1.0 + 0.5 * np.log2(c)) / c)
+    elif algorithm == AL_RABENSEIFNER:
+        n = pl.nodes if across_nodes else pl.size
+        p = 2.0 ** np.floor(np.log2(np.maximum(n, 2)))
+        R = c if across_nodes else c * pl.local
+        phi = np.clip((1.0 / R - 1.0 / p) / (1.0 - 1.0 / p), 0.0, 1.0)
+    else:
+        raise ValueError(f"no crossing share for algorithm code {algorithm}")
+    return np.where(g > 1, phi, 0.0)
 
 
 def _log2(n) -> np.ndarray:
@@ -121,15 +188,16 @@ def allreduce(algorithm: int, pl: Placement, M) -> np.ndarray:
 
 def _allreduce(algorithm: int, pl: Placement, M: np.ndarray) -> np.ndarray:
     if algorithm == AL_RING:
-        return ring_allreduce(pl.size, M, pl.alpha_s, pl.beta_Bps)
+        return ring_allreduce(pl.size, M, pl.ring_alpha_s, pl.beta_Bps)
     if algorithm == AL_TREE:
-        return tree_allreduce(pl.size, M, pl.alpha_s, pl.beta_Bps)
+        return tree_allreduce(pl.size, M, pl.alpha_s, pl.flat_beta(crossing_share(AL_TREE, pl)))
     if algorithm == AL_RABENSEIFNER:
-        return rabenseifner_allreduce(pl.size, M, pl.alpha_s, pl.beta_Bps)
+        return rabenseifner_allreduce(pl.size, M, pl.alpha_s, pl.flat_beta(crossing_share(AL_RABENSEIFNER, pl)))
     if algorithm == AL_HIERARCHICAL:
         inside_rs = ring_reduce_scatter(pl.local, M, pl.intra_alpha_s, pl.intra_beta_Bps)
-        across = rabenseifner_allreduce(pl.nodes, M / pl.local, pl.alpha_s, pl.inter_beta_Bps)
-        return np.where(pl.nodes > 1, 2 * inside_rs + across, ring_allreduce(pl.size, M, pl.alpha_s, pl.beta_Bps))
+        beta = pl.tapered(pl.inter_beta_Bps, crossing_share(AL_RABENSEIFNER, pl, across_nodes=True))
+        across = rabenseifner_allreduce(pl.nodes, M / pl.local, pl.alpha_s, beta)
+        return np.where(pl.nodes > 1, 2 * inside_rs + across, ring_allreduce(pl.size, M, pl.ring_alpha_s, pl.beta_Bps))
     raise ValueError(f"unknown algorithm code {algorithm}")
 
 
@@ -147,7 +215,8 @@ def all_gather(algorithm: int, pl: Placement, M) -> np.ndarray:
 def _ring_or_hierarchical(algorithm: int, pl: Placement, M: np.ndarray) -> np.ndarray:
     if algorithm == AL_HIERARCHICAL:
         inside = ring_reduce_scatter(pl.local, M, pl.intra_alpha_s, pl.intra_beta_Bps)
-        across = ring_reduce_scatter(pl.nodes, M / pl.local, pl.alpha_s, pl.inter_beta_Bps)
-        return np.where(pl.nodes > 1, inside + across, ring_reduce_scatter(pl.size, M, pl.alpha_s, pl.beta_Bps))
-    return ring_reduce_scatter(pl.size, M, pl.alpha_s, pl.beta_Bps)
+        beta = pl.tapered(pl.inter_beta_Bps, crossing_share(AL_RING, pl))
+        across = ring_reduce_scatter(pl.nodes, M / pl.local, pl.alpha_s, beta)
+        return np.where(pl.nodes > 1, inside + across, ring_reduce_scatter(pl.size, M, pl.ring_alpha_s, pl.beta_Bps))
+    return ring_reduce_scatter(pl.size, M, pl.ring_alpha_s, pl.beta_Bps)
 

@@ -7,7 +7,9 @@ global layer). Edges carry `bandwidth_Bps` (per direction) and `latency_s`.
 The search does not walk the graph per layout: it reads three tiers off it once (a pair of
 devices in one node, a pair in different nodes of one group, a pair in different groups)
 with their path latency and bottleneck bandwidth, plus each node's injection bandwidth into
-the fabric as a maximum flow over its NICs. Communicator placement then picks the tier.
+the fabric as a maximum flow over its NICs. Communicator placement then picks the tier; the
+global taper limits only the share of a collective's traffic that crosses groups
+(planner.cost.comm: beta = min(beta_intra, B_inj / sharing x min(1, taper / phi))).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class LinkTiers:
     intra_latency_s: float
     node_injection_Bps: float  # all NICs of one node together, per direction
     inter_latency_s: float
-    global_taper: float  # fraction of injection bandwidth between dragonfly groups
+    global_taper: float  # global-link bandwidth per node / injection bandwidth (dragonfly; 1 elsewhere)
     nodes_per_group: int
     devices_per_node: int
     allreduce_eff: float = 1.0  # collective_efficiency: what each collective reaches of the links

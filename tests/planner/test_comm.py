@@ -134,12 +134,89 @@ def test_communicator_spanning_nodes_shares_the_nics():
     assert float(comm.place(16, 1, fat).beta_Bps) == 10e9
 
 
-def test_dragonfly_taper_applies_beyond_one_group():
-    t = tiers(dpn=4, intra=100e9, injection=40e9, taper=0.5, group=2)
-    inside = comm.place(8, 1, t)  # 2 nodes: one group
-    across = comm.place(16, 1, t)  # 4 nodes: two groups
-    assert float(inside.beta_Bps) == pytest.approx(40e9, **EXACT)
-    assert float(across.beta_Bps) == pytest.approx(20e9, **EXACT)
+def test_intra_group_communicator_is_unaffected_by_the_taper():
+    """Inside one dragonfly group no byte crosses the global links: every algorithm costs
+    what it costs on a full-bisection fabric."""
+    tapered, flat = tiers(dpn=4, injection=40e9, taper=0.25, group=8), tiers(dpn=4, injection=40e9)
+    M = 100 * MB
+    for size, stride in [(32, 1), (8, 4), (16, 2)]:  # 8 nodes, 8 nodes, 8 nodes: one group each
+        a, b = comm.place(size, stride, tapered), comm.place(size, stride, flat)
+        assert int(a.groups) == 1
+        assert float(a.beta_Bps) == float(b.beta_Bps)
+        for alg in range(len(comm.ALGORITHMS)):
+            assert float(comm.allreduce(alg, a, M)) == float(comm.allreduce(alg, b, M)), (size, stride, alg)
+        for alg in (comm.AL_RING, comm.AL_HIERARCHICAL):
+            assert float(comm.reduce_scatter(alg, a, M)) == float(comm.reduce_scatter(alg, b, M))
+
+
+def test_ring_spanning_groups_pays_the_taper_only_on_its_crossing_share():
+    """A ring ordered by rank over N nodes in g groups crosses g of its N hops: phi = g / N.
+    Each node's rate r obeys r <= B_inj and phi r <= taper B_inj."""
+    t = tiers(dpn=4, intra=100e9, injection=40e9, taper=0.25, group=2)
+    # 4 nodes in 2 groups: phi = 1/2, taper/phi = 1/2: half the injection.
+    pl = comm.place(16, 1, t)
+    assert (int(pl.nodes), int(pl.groups)) == (4, 2)
+    assert float(comm.crossing_share(comm.AL_RING, pl)) == pytest.approx(0.5, **EXACT)
+    assert float(pl.beta_Bps) == pytest.approx(40e9 * 0.25 / 0.5, **EXACT)
+    # 2 nodes per group, but taper 0.5 >= phi: the NICs, not the global links, limit it.
+    t2 = tiers(dpn=4, intra=100e9, injection=40e9, taper=0.5, group=2)
+    assert float(comm.place(16, 1, t2).beta_Bps) == pytest.approx(40e9, **EXACT)
+    # Members 4 nodes apart on groups of 2 nodes: every hop crosses (phi = 1), the whole taper.
+    pl = comm.place(4, 16, t)
+    assert (int(pl.nodes), int(pl.groups)) == (4, 4)
+    assert float(pl.beta_Bps) == pytest.approx(40e9 / 4 * 0.25, **EXACT)  # 4 such communicators share a node
+    # A machine-sized data-parallel ring (1,024 nodes in groups of 128): phi = 1/128, far
+    # under a 0.5 taper, so it runs at the injection bandwidth.
+    big = tiers(dpn=4, intra=100e9, injection=40e9, taper=0.5, group=128)
+    assert float(comm.place(4096, 1, big).beta_Bps) == pytest.approx(40e9, **EXACT)
+
+
+def test_crossing_shares_of_tree_and_rabenseifner_by_hand():
+    t = tiers(dpn=4, intra=100e9, injection=40e9, taper=0.05, group=4)
+    pl = comm.place(64, 1, t)  # 16 nodes in 4 groups: c = 4 nodes (16 ranks) per group
+    assert float(comm.crossing_share(comm.AL_TREE, pl)) == pytest.approx((1 + 0.5 * 2) / 4, **EXACT)
+    # Rabenseifner on p = 64 ranks, R = 16 ranks per group: (1/16 - 1/64) / (1 - 1/64) = 3/63.
+    assert float(comm.crossing_share(comm.AL_RABENSEIFNER, pl)) == pytest.approx(3 / 63, **EXACT)
+    # Its across-node stage (hierarchical): 16 nodes, R = 4: (1/4 - 1/16) / (1 - 1/16) = 1/5.
+    assert float(comm.crossing_share(comm.AL_RABENSEIFNER, pl, across_nodes=True)) == pytest.approx(0.2, **EXACT)
+    M = 64 * MB
+    phi = 0.5  # tree: 0.5 / 0.05 = 10 times slower on the NIC-bound bandwidth
+    expected = 2 * 6 * t.inter_latency_s + 2 * M / (40e9 * 0.05 / phi)
+    assert float(comm.allreduce(comm.AL_TREE, pl, M)) == pytest.approx(expected, **EXACT)
+
+
+def test_taper_one_changes_nothing():
+    """taper 1: global links as fast as injection; nothing depends on the groups."""
+    one, fat = tiers(dpn=8, injection=40e9, taper=1.0, group=2), tiers(dpn=8, injection=40e9)
+    M = 50 * MB
+    for size, stride in [(64, 1), (128, 8), (16, 64), (8, 1)]:
+        a, b = comm.place(size, stride, one), comm.place(size, stride, fat)
+        assert float(a.beta_Bps) == float(b.beta_Bps)
+        for alg in range(len(comm.ALGORITHMS)):
+            assert float(comm.allreduce(alg, a, M)) == float(comm.allreduce(alg, b, M)), (size, stride, alg)
+            assert float(comm.all_gather(alg, a, M)) == float(comm.all_gather(alg, b, M))
+
+
+def test_ring_latency_counts_inter_node_latency_on_the_node_crossings():
+    """A ring ordered by rank over 4 nodes of 8 ranks: 4 of its 32 hops leave a node."""
+    t = tiers(dpn=8, intra=100e9, intra_lat=2e-6, injection=40e9, inter_lat=5e-6)
+    pl = comm.place(32, 1, t)
+    alpha = (4 * 5e-6 + 28 * 2e-6) / 32
+    assert float(pl.ring_alpha_s) == pytest.approx(alpha, **EXACT)
+    M = 32 * MB
+    expected = 2 * 31 * alpha + 2 * 31 / 32 * M / 40e9
+    assert float(comm.allreduce(comm.AL_RING, pl, M)) == pytest.approx(expected, **EXACT)
+    # One member per node: every hop is an inter-node one.
+    assert float(comm.place(4, 8, t).ring_alpha_s) == pytest.approx(5e-6, **EXACT)
+
+
+def test_leonardo_data_parallel_ring_has_no_cliff_at_the_group_boundary():
+    """180 nodes fill one (assumed) Leonardo group; at 187 the data-parallel ring spans two,
+    crosses 2 of its 187 hops and keeps its bandwidth (the old model halved it)."""
+    t = link_tiers(load_machine("leonardo"))
+    inside, across = comm.place(180 * 4, 1, t), comm.place(187 * 4, 1, t)
+    assert (int(inside.groups), int(across.groups)) == (1, 2)
+    assert float(across.beta_Bps) == float(inside.beta_Bps)
 
 
 def test_link_tiers_of_a_machine():
