@@ -4,7 +4,22 @@ Each GEMM is timed as FLOPs / (peak * efficiency(d)), with d = (M N K)^(1/3) its
 rank, so high tensor parallelism or a small micro-batch lands on the slow part of the
 machine's efficiency curve (planner.schema.specs.MatmulEfficiency). Elementwise work (norms,
 RoPE, activation, residual adds, unfused softmax) is memory-bound: bytes / memory bandwidth
-(the roofline's other side; Williams et al. 2009). Backward = 2 x forward for both.
+(the roofline's other side; Williams et al. 2009). Backward = 2 x forward for GEMMs and
+elementwise work; the attention core's backward is modelled by kernel (attention_core_time):
+
+    flash (FlashAttention-2, Dao 2023): forward 2 GEMMs (S = Q K^T, O = P V) over the causal
+        half; backward recomputes S and P from the saved softmax statistics and runs dV, dP,
+        dQ, dK: 5 GEMMs, 2.5 x the forward FLOPs (the paper's own count);
+    unfused: the scores stay in memory, backward 4 GEMMs (2 x forward); softmax traffic over
+        the s x s scores is elementwise work.
+
+Each attention GEMM is timed as a GEMM of its size (d = (s_local s head_dim)^(1/3): short
+sequences run slower, as FlashAttention-2's own measurements do) and divided by the device
+kind's attention_efficiency_factor: what the fused kernel reaches relative to such a GEMM.
+FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023) but about 35% of H100's (Shah et al.
+2024, FlashAttention-3: it predates Hopper's asynchronous tensor-core instructions, and the
+softmax exponentials, on units 256 x slower than H100's tensor cores, are not overlapped
+with its GEMMs), against 70-80% for large GEMMs: about 0.75 (A100) and 0.45 (H100).
 """
 
 from __future__ import annotations
@@ -32,6 +47,16 @@ def gemm_time(machine: MachineModel, job: TrainingJob, M, N, K) -> np.ndarray:
 def tokens_per_microbatch(job: TrainingJob, lay: Layouts) -> np.ndarray:
     """Tokens one rank's GEMMs see per micro-batch: mbs x seq / cp."""
     return lay.mbs * job.seq_len / lay.cp
+
+
+# Backward / forward FLOPs of the attention core: FlashAttention-2 recomputes Q K^T (5 GEMMs
+# against 2; Dao 2023, whose benchmarks count backward as 2.5 x forward); unfused: 4 against 2.
+FLASH_BACKWARD_RATIO = 2.5
+UNFUSED_BACKWARD_RATIO = 2.0
+
+
+def attention_backward_ratio(machine: MachineModel) -> float:
+    return FLASH_BACKWARD_RATIO if machine.flash_attention else UNFUSED_BACKWARD_RATIO
 
 
 def attention_core_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
@@ -62,9 +87,10 @@ def elementwise_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob,
     """Bytes one block's memory-bound ops move in forward for one micro-batch on one rank.
 
     Two norms and two residual adds on the (sequence-parallel-split) residual stream
-    (read+write: 2 + 3 accesses each), RoPE on Q and K, the MLP activation (reads gate and
-    up, writes their product), and without a fused attention kernel the softmax over the
-    s x s scores (write scores, read, write probabilities, read for P V).
+    (read+write: 2 + 3 accesses each), RoPE on Q and K (models with rotary positions; learned
+    positions are added once, at the embedding), the MLP activation (reads gate and up,
+    writes their product), and without a fused attention kernel the softmax over the s x s
+    scores (write scores, read, write probabilities, read for P V).
     """
     T = tokens_per_microbatch(job, lay)
     B = bytes_per_element(job.precision)
@@ -72,7 +98,8 @@ def elementwise_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob,
     kv = model.kv_heads * model.head_dim
     stream = np.where(lay.sp == 1, T / t, T) * h
     total = 2 * 2 * stream + 2 * 3 * stream
-    total = total + 2 * T * (h + kv) / t
+    if model.position == "rope":
+        total = total + 2 * T * (h + kv) / t
     total = total + (3 if model.activation == "swiglu" else 2) * T * f / t
     if not machine.flash_attention:
         scores = lay.mbs * (model.heads / t) * (job.seq_len / lay.cp) * job.seq_len
@@ -81,14 +108,16 @@ def elementwise_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob,
 
 
 def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray]:
-    """(forward_s, forward+backward+recompute_s) of one block for one micro-batch."""
+    """(forward_s, forward+backward+recompute_s) of one block for one micro-batch: GEMMs and
+    elementwise work 3 x forward, the attention core 1 + attention_backward_ratio; full
+    recompute repeats the forward, selective the attention core's."""
     bw = machine.memory_bandwidth_gbyte_s * 1e9
     attn = attention_core_time(model, machine, job, lay)
     dense = dense_time(model, machine, job, lay)
     elem = elementwise_bytes(model, machine, job, lay) / bw
     forward = attn + dense + elem
     recompute = np.where(lay.recompute == RC_FULL, forward, np.where(lay.recompute == RC_SELECTIVE, attn, 0.0))
-    return forward, 3.0 * forward + recompute
+    return forward, 3.0 * (dense + elem) + (1.0 + attention_backward_ratio(machine)) * attn + recompute
 
 
 def head_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:

@@ -147,7 +147,10 @@ class MachineModel(Spec):
     peak_tflops: dict[Precision, PosFloat] = Field(description="Peak dense TFLOP/s per device for each precision.")
     matmul_efficiency: MatmulEfficiency = Field(default_factory=MatmulEfficiency)
     attention_efficiency_factor: Fraction = Field(
-        0.8, description="Attention-core efficiency relative to a GEMM of the same size (flash kernels)."
+        0.8, description="Attention-core efficiency relative to a GEMM of the same size, d = (s_local s head_dim)^(1/3): "
+                         "what the fused (flash) or batched kernel reaches of the matmul curve; the backward's FLOPs "
+                         "are modelled (FlashAttention-2 recomputes Q K^T: 2.5 x forward). Fitted per device kind, "
+                         "at least 0.3 for GPUs (calibration/fit_published.py)."
     )
     memory_bandwidth_gbyte_s: PosFloat = Field(description="Device memory bandwidth (GB/s) for elementwise ops and the optimizer.")
     flash_attention: bool = Field(True, description="Fused attention that never stores the s x s scores.")
