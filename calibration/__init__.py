@@ -7,7 +7,9 @@
 - `validate_local`, `validate_local_report`, `fit_runs`: layouts run on this machine through
   `exaplan run` against their predictions (`exaplan validate --local`), and the refit of the
   local figures from such runs (`exaplan calibrate --from-runs`);
-- `figures`: the one codec between a machine model and the figures the fits change.
+- `fit_files`: writing a fit into machine_models/ (device_kinds.yaml, frameworks.yaml,
+  uncertainty.yaml). The codec of the fitted figures is planner/schema/figures.py (the
+  planner's ranking-robustness draws use it too).
 
 May import planner/, runtime/ and machine_models/; only the command line imports it.
 """

@@ -5,7 +5,9 @@ machine models are read from, and reading the framework figures back:
   framework's (exaplan's runtime: the torch FSDP rows) overlap.dp and step_overhead_s in
   every block, "# fit:" notes; a header line records the shipped framework's figures;
 - machine_models/frameworks.yaml: the fitted overlap_dp and step_overhead_s of every other
-  framework, in its profile.
+  framework, in its profile;
+- machine_models/uncertainty.yaml (with --loo): the leave-one-out errors per device kind and
+  per framework, which bound the intervals of predictions.
 Every line the refit does not own stays as it is.
 """
 
@@ -15,6 +17,7 @@ import datetime as _dt
 import re
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from calibration.fit_published import (FIT_COMMAND, FIT_MARK, FRAMEWORK_FIGURES, SHARES_FIGURES_WITH,
@@ -22,6 +25,7 @@ from calibration.fit_published import (FIT_COMMAND, FIT_MARK, FRAMEWORK_FIGURES,
 from calibration.published import PROFILE_OF
 from machine_models.frameworks import FRAMEWORKS_FILE
 from machine_models.loader import DEVICE_KINDS_FILE
+from machine_models.uncertainty import QUANTILE, UNCERTAINTY_FILE
 
 _FRAMEWORK_LINE = re.compile(r"^# fit: framework (\w+): (\{.*\})")
 
@@ -156,3 +160,28 @@ def _rewrite_block(text: str, device: str, figs: dict[str, float], note: list[st
         out.insert(at, f"  step_overhead_s: {values['step_overhead_s']}")
     out[:0] = [f"  {FIT_MARK} {line}" for line in note]
     return "\n".join(lines[:start + 1] + out + lines[end:]) + ("\n" if text.endswith("\n") else "")
+
+
+def write_uncertainty(errors: list[tuple[str, str, float]], path: Path = UNCERTAINTY_FILE,
+                      date: str | None = None) -> None:
+    """machine_models/uncertainty.yaml from the leave-one-out errors of a refit: per device
+    kind and per framework profile, the rows, the median, the QUANTILE (p80) and the max of
+    |error|. `errors`: (device kind, framework profile, signed leave-one-out error) per row."""
+    date = date or _dt.date.today().isoformat()
+
+    def stats(values: list[float]) -> dict:
+        a = np.abs(np.asarray(values, dtype=float))
+        return {"rows": int(len(a)), "median": round(float(np.median(a)), 4),
+                "p80": round(float(np.quantile(a, QUANTILE)), 4), "max": round(float(a.max()), 4)}
+
+    by_device: dict[str, list[float]] = {}
+    by_framework: dict[str, list[float]] = {}
+    for device, profile, err in errors:
+        by_device.setdefault(device, []).append(err)
+        by_framework.setdefault(profile, []).append(err)
+    body = {"device_kinds": {k: stats(v) for k, v in sorted(by_device.items())},
+            "frameworks": {k: stats(v) for k, v in sorted(by_framework.items())}}
+    header = (f"# Leave-one-out |error| of the published-run fit, written by `{FIT_COMMAND} --loo`, {date}.\n"
+              "# Read by machine_models/uncertainty.py: the p80 of a device kind and of a framework bound\n"
+              "# the intervals of every prediction on that kind with that framework.\n")
+    Path(path).write_text(header + yaml.safe_dump(body, sort_keys=False))

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calibration.figures import figures_of, narrowed, with_figures
+from planner.schema.figures import figures_of, narrowed, with_figures
 from calibration.published import FRAMEWORKS, PublishedRun, published_runs
 from machine_models.loader import load_machine
 from planner.cost.step import evaluate
@@ -55,7 +55,7 @@ from planner.schema.specs import MachineModel
 DEVICE_FIGURES = ("peak_fraction", "half_dim", "attention_efficiency_factor")
 FRAMEWORK_FIGURES = ("overlap_dp", "step_overhead_s")
 FIGURES = DEVICE_FIGURES + FRAMEWORK_FIGURES
-# This fit's bounds: the physical ones (calibration/figures.py) narrowed to what a GPU
+# This fit's bounds: the physical ones (planner/schema/figures.py) narrowed to what a GPU
 # framework's published run can mean.
 BOUNDS = narrowed({
     "peak_fraction": (0.3, 0.95),
@@ -375,7 +375,9 @@ def _folds(held_ids: list[str]) -> dict[str, float]:
         held = next(r for r in runs if r.id == rid)
         fit = fit_published([r for r in runs if r.id != rid], times=times)
         device = times.machines[held.machine].device_name
-        if device not in fit.device or held.framework not in fit.framework:
-            raise ValueError(f"{rid}: no other run on {device} or under {held.framework} to fit to")
-        out[rid] = times.figure(held, fit.figures(device, held.framework))
+        if device not in fit.device:
+            raise ValueError(f"{rid}: no other run on {device} to fit to")
+        # A framework with no other row is predicted with its first guesses.
+        framework = fit.framework.get(held.framework, FRAMEWORK_FIRST_GUESSES[held.framework])
+        out[rid] = times.figure(held, {**fit.device[device], **framework})
     return out

@@ -16,11 +16,11 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from calibration.figures import BOUNDS, figures_of, with_figures
+from planner.schema.figures import BOUNDS, figures_of, with_figures
 from calibration.validate_local import predict, resolve_machine
 from planner.schema.errors import PlanError
 
-# Figures `refit_from_runs` fits unless told otherwise (calibration/figures.py lists every one it can).
+# Figures `refit_from_runs` fits unless told otherwise (planner/schema/figures.py lists every one it can).
 FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "step_overhead_s", "op_overhead_us", "dtensor_op_overhead_us",
                        "optimizer_bytes_per_param", "allreduce_efficiency", "rs_ag_efficiency")
 

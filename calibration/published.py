@@ -1,218 +1,24 @@
-"""Published training runs as data: the calibration set of `exaplan validate --published`.
+"""The published training runs exaplan is calibrated on and checked against (the record and its
+conventions: calibration/published_schema.py).
 
-Each record is one published figure with its public source (`source`): the model,
-the machine preset, the layout the authors ran, the figure they measured and its kind, and
-how to turn the cost model's predicted step time into that figure's unit. Nothing here is
-predicted: calibration.validate_published runs the cost model on these records.
-
-Conventions of the published figures (each record's `note` says which applies):
-  - Megatron rows (sections A and B) count FLOPs with Megatron's formula for GPT models,
-    72 l h^2 (1 + s/(6h)) + 6 h V per token (model FLOPs: no recompute, full s x s
-    attention, logits included): planner.cost.flops.megatron_flops_per_token. A row's
-    "TFLOP/s per GPU" and "MFU" are that count over the measured step time (MFU: over the
-    dense bf16/fp16 peak, 989 TFLOP/s on H100, 312 on A100).
-  - llm-foundry rows (C) give MFU and tokens/s per GPU; their MFU is 6 N + 12 l h s FLOPs
-    per token (attention counted, no causal halving), i.e. the same information as the
-    tokens/s column, which is the figure used here (no FLOP convention involved).
-  - fms-fsdp rows (D) give tokens/s per GPU.
-  - Iteration-time rows (B, full recompute) are seconds per optimizer step.
-Where a field is not published, the record makes a documented choice and lists the field
-in `assumed`.
-
-Each record names its training framework (`framework`): megatron for sections A and B,
-fsdp for C (llm-foundry) and D (fms-fsdp), both PyTorch FSDP, predicted with the framework's
-profile (machine_models/frameworks.yaml; PROFILE_OF: the torch FSDP rows with exaplan's,
-whose runtime is torch FSDP2). What a framework sets is part of the record's job (its
-attention kernel, Megatron's --tp-comm-overlap: `job()`); what it achieves (hidden
-data-parallel traffic, fixed cost per step) is fitted per framework by
-calibration.fit_published.
+    published_runs()   the calibration set: sections A-D here (Megatron-LM README, Korthikanti
+                       et al. 2022, llm-foundry H100, fms-fsdp A100) and the fitted section of
+                       calibration/published_extra.py (H: llm-foundry A100);
+                       `exaplan validate --published` fits and predicts them
+    held_out_runs()    published rows never fitted, only predicted (F: torchtitan on H100s,
+                       G: BLOOM-176B with Megatron-DeepSpeed, on hardware that the machine
+                       presets only stand in for)
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field, model_validator
-
-from planner.cost import flops
-from planner.cost.layout import Layouts
+from calibration.published_extra import fitted_extra_runs, held_out_extra_runs
+from calibration.published_schema import (  # noqa: F401 - the record's API, re-exported
+    FRAMEWORK_SHARDINGS, FRAMEWORKS, PROFILE_OF, UNITS, FigureKind, FlopConvention, Framework, PublishedLayout,
+    PublishedRun, gpt_model, llama_model, mpt_model,
+)
 from planner.schema.plan import Recompute, Sharding
-from planner.schema.specs import MachineModel, ModelSpec, PosInt, Precision, Spec, TrainingJob
-
-FigureKind = Literal["model_tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "iteration_time_s"]
-FlopConvention = Literal["megatron", "none"]
-# The training framework of a run: its figures (hidden data-parallel traffic, fixed cost per
-# step) are fitted per framework, not per run (calibration.fit_published). llm-foundry
-# (section C) and fms-fsdp (section D) both train with PyTorch FSDP.
-Framework = Literal["megatron", "fsdp", "deepspeed"]
-FRAMEWORKS: tuple[str, ...] = ("megatron", "fsdp", "deepspeed")
-# The profile (machine_models/frameworks.yaml) each framework's rows are predicted with.
-PROFILE_OF = {"megatron": "megatron", "fsdp": "exaplan", "deepspeed": "deepspeed"}
-# Data-parallel shardings each framework runs: Megatron's DDP or distributed optimizer,
-# FSDP's full, gradient-and-optimizer or hybrid sharding (a single replica: none).
-FRAMEWORK_SHARDINGS = {
-    "megatron": {Sharding.none, Sharding.zero1},
-    "fsdp": {Sharding.none, Sharding.fsdp, Sharding.fsdp_grad_op, Sharding.hsdp},
-    "deepspeed": {Sharding.none, Sharding.zero1, Sharding.zero2, Sharding.fsdp},
-}
-
-UNITS: dict[str, str] = {
-    "model_tflops_per_gpu": "TFLOP/s/GPU",
-    "mfu": "MFU %",
-    "tokens_per_s_per_gpu": "tok/s/GPU",
-    "iteration_time_s": "s/step",
-}
-
-
-class PublishedLayout(Spec):
-    """The layout a published run used, in the source's own terms."""
-
-    tp: PosInt = Field(1, description="Tensor-parallel degree.")
-    pp: PosInt = Field(1, description="Pipeline-parallel degree.")
-    dp: PosInt = Field(description="Data-parallel degree (all replicas and shards).")
-    sharding: Sharding = Field(description="Megatron distributed optimizer = zero1; FSDP FULL_SHARD = fsdp; hybrid = hsdp.")
-    shard_group: PosInt | None = Field(None, description="hsdp only: ranks sharing one copy (dp_shard).")
-    micro_batch: PosInt = Field(description="Sequences per micro-batch.")
-    global_batch: PosInt = Field(description="Sequences per optimizer step.")
-    vpp: PosInt = Field(1, description="Virtual stages per pipeline rank (interleaved 1F1B when > 1).")
-    recompute: Recompute = Field(Recompute.none, description="Activation recompute level.")
-    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1).")
-
-    @model_validator(mode="after")
-    def _check(self) -> "PublishedLayout":
-        if self.global_batch % (self.dp * self.micro_batch):
-            raise ValueError(f"global batch {self.global_batch} is not a multiple of dp x micro-batch")
-        if (self.sharding == Sharding.hsdp) != (self.shard_group is not None):
-            raise ValueError("shard_group is given exactly when sharding is hsdp")
-        return self
-
-    @property
-    def gas(self) -> int:
-        return self.global_batch // (self.dp * self.micro_batch)
-
-    def describe(self) -> str:
-        """Short text such as 'tp8 pp8 v3 dp1 sp rc selective mbs1 gas64'."""
-        parts = [f"tp{self.tp}"] if self.tp > 1 else []
-        parts += [f"pp{self.pp}" + (f" v{self.vpp}" if self.vpp > 1 else "")] if self.pp > 1 else []
-        sh = self.sharding.value + (f"/{self.shard_group}" if self.shard_group else "")
-        parts.append(f"dp{self.dp}" + ("" if self.sharding == Sharding.none else f" {sh}"))
-        if self.sequence_parallel:
-            parts.append("sp")
-        if self.recompute != Recompute.none:
-            parts.append(f"rc {self.recompute.value}")
-        parts.append(f"mbs{self.micro_batch} gas{self.gas}")
-        return " ".join(parts)
-
-
-class PublishedRun(Spec):
-    """One published figure and everything needed to predict it."""
-
-    id: str = Field(description="Short unique id, section letter first.")
-    section: str = Field(pattern=r"^[A-Z]$", description="A: Megatron-LM README (DGX H100); B: Korthikanti et al. 2022 (DGX A100); C: MosaicML llm-foundry (H100); D: IBM fms-fsdp (A100); later letters: calibration/published_extra.py.")
-    source: str = Field(description="Where the figure was published.")
-    model: ModelSpec
-    machine: str = Field(description="Machine preset (machine_models/<name>.yaml).")
-    framework: Framework = Field(description="Training framework: megatron (Megatron-LM) or fsdp (PyTorch FSDP: llm-foundry, fms-fsdp).")
-    gpus: PosInt
-    layout: PublishedLayout
-    precision: Precision = Precision.bf16
-    flash_attention: bool = Field(True, description="Fused attention kernel (a software choice: false for 2022 Megatron).")
-    tp_comm_overlap: bool = Field(False, description="The framework hides tensor-parallel traffic (Megatron --tp-comm-overlap): a setting of the framework, not fitted.")
-    figure: float = Field(gt=0, description="The published number, in the unit of `kind` (MFU as a fraction).")
-    kind: FigureKind
-    flop_convention: FlopConvention = Field("none", description="FLOP count behind TFLOP/s and MFU figures.")
-    assumed: list[str] = Field(default_factory=list, description="Fields not published; chosen as `note` says.")
-    note: str = ""
-
-    @model_validator(mode="after")
-    def _check(self) -> "PublishedRun":
-        lay = self.layout
-        if lay.tp * lay.pp * lay.dp != self.gpus:
-            raise ValueError(f"{self.id}: tp x pp x dp = {lay.tp * lay.pp * lay.dp}, published GPUs {self.gpus}")
-        if self.kind in ("model_tflops_per_gpu", "mfu") and self.flop_convention == "none":
-            raise ValueError(f"{self.id}: a FLOP-rate figure needs its FLOP convention")
-        if lay.sharding not in FRAMEWORK_SHARDINGS[self.framework]:
-            raise ValueError(f"{self.id}: {self.framework} does not run sharding {lay.sharding.value}")
-        if self.tp_comm_overlap and self.framework != "megatron":
-            raise ValueError(f"{self.id}: tp_comm_overlap is Megatron's setting")
-        return self
-
-    # --- inputs of the cost model ---------------------------------------------------------
-
-    def job(self) -> TrainingJob:
-        """The run's job, with its framework's profile as the run set it (attention kernel,
-        Megatron's --tp-comm-overlap). The profile's fitted figures are left to the machine
-        (None), so that a fit can vary them there."""
-        from machine_models import load_framework
-
-        profile = load_framework(PROFILE_OF[self.framework]).model_copy(update={
-            "overlap_dp": None, "step_overhead_s": None, "flash_attention": self.flash_attention,
-            "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0})
-        return TrainingJob(global_batch=self.layout.global_batch, seq_len=self.model.seq_len, precision=self.precision,
-                           framework=profile)
-
-    def layouts(self) -> Layouts:
-        """The run's layout as a one-row Layouts (cp = 1 in every published row)."""
-        lay = self.layout
-        return Layouts.one(dp=lay.dp, mbs=lay.micro_batch, gas=lay.gas, tp=lay.tp, pp=lay.pp, sharding=lay.sharding,
-                           shard_group=lay.shard_group, recompute=lay.recompute, vpp=lay.vpp, sp=lay.sequence_parallel)
-
-    @property
-    def profile(self) -> str:
-        """The framework profile the row is predicted with."""
-        return PROFILE_OF[self.framework]
-
-    # --- the published figure's unit -------------------------------------------------------
-
-    def flops_per_token(self) -> float:
-        """FLOPs per token under the row's convention (Megatron's formula, model FLOPs)."""
-        return flops.megatron_flops_per_token(self.model, self.model.seq_len, full_recompute=False)
-
-    def figure_from_step_time(self, step_time_s, machine: MachineModel):
-        """Convert a step time (s; scalar or array) into this row's published unit."""
-        tokens = self.layout.global_batch * self.model.seq_len
-        if self.kind == "iteration_time_s":
-            return step_time_s
-        if self.kind == "tokens_per_s_per_gpu":
-            return tokens / step_time_s / self.gpus
-        tflops = self.flops_per_token() * tokens / step_time_s / self.gpus / 1e12
-        if self.kind == "model_tflops_per_gpu":
-            return tflops
-        return tflops * 1e12 / machine.peak_flops(self.precision)  # mfu
-
-    @property
-    def unit(self) -> str:
-        return UNITS[self.kind]
-
-
-# --------------------------------------------------------------------------------------------
-# The runs
-# --------------------------------------------------------------------------------------------
-
-
-def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> ModelSpec:
-    """Megatron GPT: 4h GELU MLP, LayerNorm, MHA, learned positions, tied embeddings."""
-    return ModelSpec(
-        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn_hidden=4 * hidden,
-        vocab_size=vocab, seq_len=seq, activation="gelu", norm="layernorm", position="learned", tied_embeddings=True,
-    )
-
-
-def _mpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
-    """MPT: 4d GELU MLP, LayerNorm, ALiBi (no position parameters: 'rope' is the closest
-    parameter-free choice), tied embeddings, vocab 50368, seq 2048."""
-    return ModelSpec(
-        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn_hidden=4 * hidden,
-        vocab_size=50368, seq_len=2048, activation="gelu", norm="layernorm", position="rope", tied_embeddings=True,
-    )
-
-
-def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int) -> ModelSpec:
-    """Llama-2 style: SwiGLU, RMSNorm, RoPE, untied, vocab 32000, seq 4096."""
-    return ModelSpec(
-        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
-        vocab_size=32000, seq_len=4096, activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False,
-    )
+from planner.schema.specs import Precision
 
 
 SOURCE_A = "Megatron-LM README, weak-scaling table (DGX H100, 2024)"
@@ -243,7 +49,7 @@ def _section_a() -> list[PublishedRun]:
             assumed.append("layout.vpp")
         runs.append(PublishedRun(
             id=f"A-gpt-{size}", section="A", source=SOURCE_A,
-            model=_gpt(f"gpt-{size}", layers, hidden, heads, vocab=131072, seq=4096),
+            model=gpt_model(f"gpt-{size}", layers, hidden, heads, vocab=131072, seq=4096),
             machine="dgx-h100", framework="megatron", gpus=gpus,
             layout=PublishedLayout(tp=tp, pp=pp, dp=48, sharding=Sharding.zero1, micro_batch=1, global_batch=gbs,
                                    sequence_parallel=tp > 1),
@@ -275,7 +81,7 @@ def _section_b() -> list[PublishedRun]:
     ]
     runs = []
     for size, heads, hidden, layers, tp, pp, gpus, gbs, mbs, vpp, mfu, hfu, t_full in table:
-        model = _gpt(f"gpt-{size}", layers, hidden, heads, vocab=51200, seq=2048)
+        model = gpt_model(f"gpt-{size}", layers, hidden, heads, vocab=51200, seq=2048)
         common = dict(section="B", source=SOURCE_B, model=model, machine="dgx-a100-80gb", framework="megatron",
                       gpus=gpus, precision=Precision.fp16, flash_attention=False)
         lay = dict(tp=tp, pp=pp, dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs, vpp=vpp,
@@ -316,7 +122,7 @@ def _section_c() -> list[PublishedRun]:
     runs = []
     for name, layers, d, heads, gpus, mbs, gas, ckpt, mfu, tps, filled in table:
         runs.append(PublishedRun(
-            id=f"C-{name}", section="C", source=SOURCE_C, model=_mpt(name, layers, d, heads),
+            id=f"C-{name}", section="C", source=SOURCE_C, model=mpt_model(name, layers, d, heads),
             machine="dgx-h100", framework="fsdp", gpus=gpus,
             layout=PublishedLayout(dp=gpus, sharding=Sharding.fsdp, micro_batch=mbs, global_batch=gpus * mbs * gas,
                                    recompute=Recompute.full if ckpt else Recompute.none),
@@ -345,7 +151,7 @@ def _section_d() -> list[PublishedRun]:
     runs = []
     for name, layers, hidden, heads, kv, ffn, hybrid, ckpt, mbs, tps in table:
         runs.append(PublishedRun(
-            id=f"D-{name}", section="D", source=SOURCE_D, model=_llama(name, layers, hidden, heads, kv, ffn),
+            id=f"D-{name}", section="D", source=SOURCE_D, model=llama_model(name, layers, hidden, heads, kv, ffn),
             machine="dgx-a100-80gb", framework="fsdp", gpus=128,
             layout=PublishedLayout(dp=128, sharding=Sharding.hsdp if hybrid else Sharding.fsdp,
                                    shard_group=8 if hybrid else None, micro_batch=mbs, global_batch=128 * mbs,
@@ -357,5 +163,11 @@ def _section_d() -> list[PublishedRun]:
 
 
 def published_runs() -> list[PublishedRun]:
-    """Every published run (sections A-D), in section order (a fresh list)."""
-    return _section_a() + _section_b() + _section_c() + _section_d()
+    """The calibration set, in section order (a fresh list): sections A-D and the fitted
+    sections of calibration/published_extra.py."""
+    return _section_a() + _section_b() + _section_c() + _section_d() + fitted_extra_runs()
+
+
+def held_out_runs() -> list[PublishedRun]:
+    """Published rows that no fit sees, predicted to check the model where it was not fitted."""
+    return held_out_extra_runs()

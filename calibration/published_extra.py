@@ -1,4 +1,4 @@
-"""More published training runs, to be merged into the calibration set (calibration/published.py).
+"""More published training runs (the record: calibration/published_schema.py).
 
 Sections (each with its SOURCE_* and NOTE_*, as in published.py):
   F  torchtitan (PyTorch FSDP2, TP), Llama 3.1 8B / 70B on H100 (Meta's Grand Teton hosts).
@@ -10,16 +10,16 @@ record's note and listed in `assumed` ("machine" where the machine preset is a s
 hardware no preset describes exactly). Nothing here is predicted.
 
 `extra_run_records()` gives the records as plain dicts; `extra_runs()` validates them into
-PublishedRun. Validation needs sections "F".."H" and framework "deepspeed" in
-calibration.published (the `section` and `framework` fields); these rows are not part of
-`published_runs()` until they are merged there.
+PublishedRun. Section H is fitted with the rest (`fitted_extra_runs`, part of
+calibration.published.published_runs); sections F and G are held out (`held_out_extra_runs`,
+HELD_OUT_SECTIONS): predicted on a stand-in preset as a check, never fitted.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from calibration.published import PublishedLayout, PublishedRun, _mpt
+from calibration.published_schema import PublishedLayout, PublishedRun, mpt_model
 from planner.schema.plan import Recompute, Sharding
 from planner.schema.specs import ModelSpec, Precision
 
@@ -140,7 +140,7 @@ def _section_h() -> list[dict[str, Any]]:
     ]
     runs = []
     for name, layers, d, heads, seq, gpus, mbs, gas, ckpt, mfu, tps in table:
-        model = _mpt(name, layers, d, heads)
+        model = mpt_model(name, layers, d, heads)
         if seq != model.seq_len:
             model = ModelSpec.model_validate({**model.model_dump(), "seq_len": seq})
         runs.append(dict(
@@ -168,3 +168,20 @@ def extra_runs() -> list[PublishedRun]:
     """The extra rows validated as PublishedRun (needs the sections and framework values that
     calibration.published gains when they are merged)."""
     return [PublishedRun.model_validate(r) for r in extra_run_records()]
+
+
+# Held out: the rows whose machine preset only stands in for the hardware they ran on (F:
+# Grand Teton H100s, 96 GB at 2.4 TB/s, power-capped; G: Jean Zay's A100s with 4 x 100 Gb/s
+# Omni-Path per node, a fifth of dgx-a100-80gb's network): fitting them would move the
+# device-kind and framework figures to absorb the difference.
+HELD_OUT_SECTIONS = ("F", "G")
+
+
+def fitted_extra_runs() -> list[PublishedRun]:
+    """The extra rows the fits use (every section but HELD_OUT_SECTIONS)."""
+    return [r for r in extra_runs() if r.section not in HELD_OUT_SECTIONS]
+
+
+def held_out_extra_runs() -> list[PublishedRun]:
+    """The extra rows that are only predicted (HELD_OUT_SECTIONS)."""
+    return [r for r in extra_runs() if r.section in HELD_OUT_SECTIONS]

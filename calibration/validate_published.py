@@ -26,7 +26,7 @@ import numpy as np
 from machine_models import DEVICE_KINDS_FILE
 from calibration import fit_files, fit_published as cal
 from planner.cost.step import evaluate
-from calibration.published import PublishedRun, published_runs
+from calibration.published import PublishedRun, held_out_runs, published_runs
 from planner.schema.specs import MachineModel
 
 
@@ -122,6 +122,15 @@ def validate_published(fitted: bool = True, *, refit: bool = False, leave_one_ou
     return rows
 
 
+def validate_held_out() -> list[ValidationRow]:
+    """The held-out published rows (never fitted), predicted with the shipped figures of their
+    device kind and framework: how the model does where nothing was fitted to them."""
+    runs = held_out_runs()
+    shipped = cal.machines_of(runs)
+    recorded = fit_files.framework_figures()
+    return [_row(r, shipped_machine(r, shipped[r.machine], recorded)) for r in runs]
+
+
 def _add_leave_one_out(rows: list[ValidationRow], runs: list[PublishedRun]) -> None:
     loo = cal.leave_one_out(runs)
     for row in rows:
@@ -154,12 +163,26 @@ def _fmt(value: float, kind: str) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.1f}"
 
 
-def render_published(rows: list[ValidationRow], console) -> None:
+def render_published(rows: list[ValidationRow], console, held_out: list[ValidationRow] | None = None) -> None:
     """Print the rows as a rich table, then median and max |error| (and leave-one-out),
-    overall, per device kind and per framework."""
+    overall, per device kind and per framework; then the held-out rows, if given."""
+    console.print(_table("Published runs: predicted vs published", rows))
+    console.print(_summary_line("all rows", rows))
+    for name, part in {**_groups(rows, "device"), **_groups(rows, "framework")}.items():
+        console.print("  " + _summary_line(name, part))
+    if all(r.loo_error is None for r in rows):
+        console.print("leave-one-out (fit without each row, then predict it): `--loo`")
+    if held_out:
+        console.print(_table("Held out (never fitted): predicted vs published", held_out))
+        console.print(_summary_line("held-out rows", held_out))
+    if any(r.assumed for r in rows + (held_out or [])):
+        console.print("* a field of this row is not published; calibration/published.py documents the choice made")
+
+
+def _table(title: str, rows: list[ValidationRow]):
     from rich.table import Table
 
-    table = Table(title="Published runs: predicted vs published", show_lines=False)
+    table = Table(title=title, show_lines=False)
     for col, just in [("row", "left"), ("model", "left"), ("framework", "left"), ("GPUs", "right"), ("layout", "left"),
                       ("published", "right"), ("predicted", "right"), ("unit", "left"), ("error", "right"),
                       ("leave-one-out", "right")]:
@@ -171,14 +194,7 @@ def render_published(rows: list[ValidationRow], console) -> None:
         mark = "*" if r.assumed else ""
         table.add_row(r.id + mark, r.model, r.framework, str(r.gpus), r.layout, _fmt(r.published, r.kind),
                       _fmt(r.predicted, r.kind), r.unit, f"[{style}]{err}[/]" if style else err, loo)
-    console.print(table)
-    console.print(_summary_line("all rows", rows))
-    for name, part in {**_groups(rows, "device"), **_groups(rows, "framework")}.items():
-        console.print("  " + _summary_line(name, part))
-    if all(r.loo_error is None for r in rows):
-        console.print("leave-one-out (fit without each row, then predict it): `--loo`")
-    if any(r.assumed for r in rows):
-        console.print("* a field of this row is not published; calibration/published.py documents the choice made")
+    return table
 
 
 def _summary_line(name: str, rows: list[ValidationRow]) -> str:
@@ -190,16 +206,19 @@ def _summary_line(name: str, rows: list[ValidationRow]) -> str:
     return text
 
 
-def published_json(rows: list[ValidationRow]) -> dict:
+def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | None = None) -> dict:
     """The rows and their summary (all rows, then per device kind and per framework) as a
-    JSON-ready dict; errors are signed fractions (predicted / published - 1), summaries
-    absolute."""
-    return {
+    JSON-ready dict, and the held-out rows with theirs; errors are signed fractions
+    (predicted / published - 1), summaries absolute."""
+    out = {
         "rows": [asdict(r) for r in rows],
         "summary": _summary_json(rows),
         "by_device": {device: _summary_json(part) for device, part in _groups(rows, "device").items()},
         "by_framework": {fw: _summary_json(part) for fw, part in _groups(rows, "framework").items()},
     }
+    if held_out:
+        out["held_out"] = {"rows": [asdict(r) for r in held_out], "summary": _summary_json(held_out)}
+    return out
 
 
 def _summary_json(rows: list[ValidationRow]) -> dict:
@@ -240,6 +259,9 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True,
         _add_leave_one_out(rows, runs)
     if write:
         fit_files.write_fit(fit, fit_notes(rows), path)
+        if leave_one_out_errors:
+            profile = {r.id: r.profile for r in runs}
+            fit_files.write_uncertainty([(r.device, profile[r.id], r.loo_error) for r in rows])
     return fit, rows
 
 

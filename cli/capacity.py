@@ -46,6 +46,8 @@ def node_counts(text: str | None, machine) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from machine_models import load_framework
+    from machine_models.uncertainty import uncertainty_of
     from planner.capacity import smallest_meeting, sweep
 
     if args.tokens <= 0:
@@ -63,12 +65,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         rows = _sweep_with_progress(model, machine, make_job, counts)
     best = smallest_meeting(rows, args.deadline_days) if args.deadline_days else None
+    u = uncertainty_of(machine, load_framework(args.framework))
     if args.json:
-        print_json(dict(rows=[asdict(r) for r in rows], deadline_days=args.deadline_days,
-                        fewest_nodes=best.nodes if best else None))
+        print_json(dict(rows=[_row_json(r, u) for r in rows], deadline_days=args.deadline_days,
+                        fewest_nodes=best.nodes if best else None, uncertainty=u.as_json()))
         return 0
-    _print(args, model, machine, rows, best)
+    _print(args, model, machine, rows, best, u)
     return 0
+
+
+def _row_json(r, u) -> dict:
+    out = asdict(r)
+    if r.days is not None:
+        out["intervals"] = {"step_time_s": u.time_interval(r.step_time_s), "days": u.time_interval(r.days),
+                            "tokens_per_s": u.rate_interval(r.tokens_per_s), "mfu": u.rate_interval(r.mfu)}
+    return out
 
 
 def _sweep_with_progress(model, machine, make_job, counts):
@@ -86,11 +97,12 @@ def _sweep_with_progress(model, machine, make_job, counts):
     return rows
 
 
-def _print(args, model, machine, rows, best) -> None:
-    from planner.report import capacity_table
+def _print(args, model, machine, rows, best, u) -> None:
+    from planner.report import capacity_table, uncertainty_line
 
     out = console()
-    out.print(capacity_table(rows, model.name, machine.name, args.tokens, best))
+    out.print(capacity_table(rows, model.name, machine.name, args.tokens, best, u))
+    out.print(uncertainty_line(u))
     if args.deadline_days:
         if best:
             out.print(f"fewest nodes that train {args.tokens:.3g} tokens within {args.deadline_days:g} days: "

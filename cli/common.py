@@ -108,9 +108,22 @@ def command_line() -> str:
     return shlex.join(["exaplan", *sys.argv[1:]])
 
 
-def evaluation_json(ev, i: int) -> dict:
-    """One row of an Evaluation as plain JSON (times in s, memory in GiB)."""
+def evaluation_json(ev, i: int, u=None) -> dict:
+    """One row of an Evaluation as plain JSON (times in s, memory in GiB); with an uncertainty
+    `u` (machine_models.uncertainty.Uncertainty), the interval of every figure."""
     gib = 2.0**30
+    out = _evaluation_values(ev, i, gib)
+    if u is not None:
+        out["intervals"] = {
+            "step_time_s": u.time_interval(out["step_time_s"]), "time_to_train_days": u.time_interval(out["time_to_train_days"]),
+            **{k: u.rate_interval(out[k]) for k in ("tokens_per_s", "model_tflops_per_device", "hardware_tflops_per_device", "mfu")},
+            "memory_gib_per_device": u.memory_interval(out["memory_gib_per_device"]),
+        }
+        out["uncertainty"] = u.as_json()
+    return out
+
+
+def _evaluation_values(ev, i: int, gib: float) -> dict:
     return dict(
         step_time_s=float(ev.step_time_s[i]), tokens_per_s=float(ev.tokens_per_s[i]),
         model_tflops_per_device=float(ev.model_tflops_per_device[i]),

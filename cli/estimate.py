@@ -43,7 +43,9 @@ def layout_of(args, machine):
 
 
 def run(args: argparse.Namespace) -> int:
+    from machine_models.uncertainty import uncertainty_of
     from planner.cost.flops import step_flops
+    from planner.report import uncertainty_line
     from planner.cost.layout import framework_problems
     from planner.cost.step import evaluate
     from planner.emit import build_plan
@@ -65,11 +67,13 @@ def run(args: argparse.Namespace) -> int:
     ev = evaluate(model, machine, job, lay)
     if args.output:
         write_plan(build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line()), args.output)
+    u = uncertainty_of(machine, job.framework)
     if args.json:
-        print_json(dict(layout=layout_label(lay, 0), **evaluation_json(ev, 0), flops_per_step=step_flops(model, job),
+        print_json(dict(layout=layout_label(lay, 0), **evaluation_json(ev, 0, u), flops_per_step=step_flops(model, job),
                         workload=job.workload.value))
         return 0
     _print(args, model, machine, job, lay, ev)
+    console().print(uncertainty_line(u))
     return 0
 
 

@@ -16,6 +16,9 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
     p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default plan.yaml; .json for JSON)")
     p.add_argument("--no-write", action="store_true", help="print only; write no plan file")
+    p.add_argument("--draws", type=int, default=200,
+                   help="draws of the fitted figures within their uncertainty to test whether the first choice stays "
+                        "first (default 200; 0: skip)")
     add_pin_options(p)
 
 
@@ -45,8 +48,9 @@ def pins_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from machine_models.uncertainty import uncertainty_of
     from planner.emit import build_plan
-    from planner.report import layout_label, why_best
+    from planner.report import layout_label, robustness_line, uncertainty_line, why_best
     from planner.schema.plan import write_plan
     from planner.search.search import search
 
@@ -64,19 +68,39 @@ def run(args: argparse.Namespace) -> int:
     plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line())
     if not args.no_write:
         write_plan(plan, args.output)
+    u = uncertainty_of(machine, job.framework)
+    robust, robust_s = _robustness(model, machine, job, result, u, args.draws)
     stats = dict(legal_layouts=result.total_layouts, layouts_scored=result.layouts_scored, fitting=result.fitting,
-                 search_seconds=round(result.seconds, 4),
+                 search_seconds=round(result.seconds, 4), robustness_seconds=round(robust_s, 4),
                  layouts_per_second=round(result.layouts_scored / max(result.seconds, 1e-9)))
     if args.json:
         # "pins" only when some are given: the key set of an unpinned search stays as it was.
         pinned = dict(pins=pins.as_json()) if pins else {}
+        labels = [layout_label(result.finalists, i) for i in range(len(result.finalists))]
         print_json(dict(search=stats, world_size=result.world, global_batch=job.global_batch, **pinned,
-                        top=[dict(layout=layout_label(lay, i), **evaluation_json(ev, i)) for i in range(len(lay))],
-                        why=why_best(lay, ev), plan_file=None if args.no_write else args.output,
-                        plan=plan.model_dump(mode="json")))
+                        top=[dict(layout=layout_label(lay, i), **evaluation_json(ev, i, u)) for i in range(len(lay))],
+                        why=why_best(lay, ev), uncertainty=u.as_json(),
+                        robustness=robust.as_json(labels) if robust else None,
+                        plan_file=None if args.no_write else args.output, plan=plan.model_dump(mode="json")))
         return 0
     _print(out, args, model, machine, job, result, plan, stats)
+    out.print(uncertainty_line(u))
+    if robust:
+        out.print(robustness_line(robust, result.finalists))
     return 0
+
+
+def _robustness(model, machine, job, result, u, draws: int):
+    """(Robustness or None, seconds): the ranking under `draws` draws of the fitted figures."""
+    import time
+
+    from planner.search.robustness import ranking_robustness
+
+    if draws <= 0 or result.finalists is None or len(result.finalists) < 2:
+        return None, 0.0
+    t0 = time.perf_counter()
+    r = ranking_robustness(model, machine, job, result.finalists, result.finalist_step_time_s, u.step_time, draws)
+    return r, time.perf_counter() - t0
 
 
 def _print(out, args, model, machine, job, result, plan, stats) -> None:
@@ -84,7 +108,7 @@ def _print(out, args, model, machine, job, result, plan, stats) -> None:
 
     lay, ev = result.layouts, result.evaluation
     out.print(f"[b]{model.name}[/b] on {args.nodes} x {machine.name} = {result.world:,} ranks; global batch "
-              f"{job.global_batch:,} x {job.seq_len} tokens, {job.precision.value}")
+              f"{job.global_batch:,} x {job.seq_len} tokens, {job.precision.value}, framework {job.framework.name}")
     out.print(f"searched {result.total_layouts:,} legal layouts ({result.layouts_scored:,} with collective-algorithm "
               f"choices) in {result.seconds:.3f} s ({stats['layouts_per_second']:,.0f} /s); {result.fitting:,} fit in "
               f"{machine.device_memory_gib:g} GiB per device")

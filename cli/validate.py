@@ -53,10 +53,11 @@ def _published(args) -> int:
         with out.status("fitting the figures" + (" and leave-one-out refits (about a minute)" if args.loo else "")
                         + " ..."):
             rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
+    held_out = validate.validate_held_out()
     if args.json:
-        print_json(validate.published_json(rows))
+        print_json(validate.published_json(rows, held_out))
         return 0
-    validate.render_published(rows, console())
+    validate.render_published(rows, console(), held_out)
     return 0
 
 

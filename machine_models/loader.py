@@ -26,7 +26,7 @@ from planner.schema.specs import RENAMED_MACHINE_FIELDS, CollectiveEfficiency, M
 PRESET_DIR = Path(__file__).resolve().parent
 DEVICE_KINDS_FILE = PRESET_DIR / "device_kinds.yaml"
 # YAML files beside the machine presets that are not machines.
-NOT_MACHINES = frozenset({DEVICE_KINDS_FILE, PRESET_DIR / "frameworks.yaml"})
+NOT_MACHINES = frozenset({DEVICE_KINDS_FILE, PRESET_DIR / "frameworks.yaml", PRESET_DIR / "uncertainty.yaml"})
 # The figures a device kind gives a machine (device_kinds.yaml); a machine file whose
 # device_name is no known kind and that sets not all of them gets the schema's defaults.
 DEVICE_KIND_FIELDS = ("matmul_efficiency", "attention_efficiency_factor", "overlap", "step_overhead_s")

@@ -21,6 +21,7 @@ from planner.schema.plan import (
     Pipeline,
     Plan,
     Prediction,
+    PredictionUncertainty,
     Provenance,
     Sharding,
     ShardingOptions,
@@ -145,8 +146,10 @@ def _communicators(model: ModelSpec, machine: MachineModel, job: TrainingJob, on
     return comms
 
 
-def _prediction(model: ModelSpec, job: TrainingJob, ev: Evaluation, i: int) -> Prediction:
-    """Row i of the evaluation as the plan's prediction (memory in GiB)."""
+def _prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: Evaluation, i: int) -> Prediction:
+    """Row i of the evaluation as the plan's prediction (memory in GiB), with its uncertainty."""
+    from machine_models.uncertainty import uncertainty_of
+
     mem = ev.memory
     return Prediction(
         step_time_s=float(ev.step_time_s[i]),
@@ -169,6 +172,7 @@ def _prediction(model: ModelSpec, job: TrainingJob, ev: Evaluation, i: int) -> P
         mfu=float(ev.mfu[i]),
         time_to_train_days=float(ev.time_to_train_days[i]),
         model_flops_per_step=flops.step_flops(model, job)["executed"], six_n_flops_per_step=flops.step_flops(model, job)["six_n"],
+        uncertainty=PredictionUncertainty(**uncertainty_of(machine, job.framework).as_json()),
     )
 
 
@@ -191,7 +195,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         ),
         recompute=RECOMPUTES[row["recompute"]],
         collectives=Collectives(library=machine.collective_library.value, communicators=comms, env=env),
-        prediction=_prediction(model, job, ev, i),
+        prediction=_prediction(model, machine, job, ev, i),
         provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,
                               command=command or shlex.join(["exaplan", *sys.argv[1:]])),
     )

@@ -177,12 +177,15 @@ def explain_plan(plan: Plan, console: Console) -> None:
     tt.add_row("  params / grads / optimizer", f"{mem.parameters_gib:.2f} / {mem.gradients_gib:.2f} / {mem.optimizer_gib:.2f}")
     tt.add_row("  activations / buffers / reserve", f"{mem.activations_gib:.2f} / {mem.buffers_gib:.2f} / {mem.reserve_gib:.2f}")
     console.print(tt)
+    if pr.uncertainty is not None:
+        console.print(uncertainty_line(pr.uncertainty))
     v = p.provenance
     console.print(f"made by exaplan {v.exaplan_version} (cost model {v.cost_model_version}); regenerate: {v.command}")
     console.print(f"content hash {v.content_hash[:16]}... (checked)")
 
 
-def capacity_table(rows, model: str, machine: str, tokens: float, best=None) -> Table:
+def capacity_table(rows, model: str, machine: str, tokens: float, best=None, u=None) -> Table:
+    """The capacity sweep; with an uncertainty `u`, days as "value (low-high)"."""
     t = Table(title=f"{model} on {machine}: time to train {tokens:.3g} tokens", title_justify="left")
     for col, just in (("nodes", "right"), ("ranks", "right"), ("global batch", "right"), ("best layout", "left"),
                       ("step", "right"), ("tokens/s", "right"), ("MFU", "right"), ("days", "right")):
@@ -192,6 +195,30 @@ def capacity_table(rows, model: str, machine: str, tokens: float, best=None) -> 
         if r.layout is None:
             t.add_row(f"{r.nodes:,}", f"{r.ranks:,}", f"{r.global_batch:,}", f"[dim]{r.note}[/dim]", "", "", "", "")
         else:
+            days = f"{r.days:,.2f}"
+            if u is not None:
+                lo, hi = u.time_interval(r.days)
+                days += f" ({lo:,.2f}-{hi:,.2f})"
             t.add_row(f"{r.nodes:,}{mark}", f"{r.ranks:,}", f"{r.global_batch:,}", r.layout, _fmt_time(r.step_time_s),
-                      f"{r.tokens_per_s:,.0f}", f"{r.mfu:.1%}", f"{r.days:,.2f}")
+                      f"{r.tokens_per_s:,.0f}", f"{r.mfu:.1%}", days)
     return t
+
+
+def uncertainty_line(u) -> str:
+    """One line on how far to trust the predictions shown (u: a PredictionUncertainty or
+    machine_models.uncertainty.Uncertainty)."""
+    label = "" if u.fitted else "[b]unfitted[/b]: "
+    return (f"{label}predictions +/-{u.step_time:.0%} in step time and every rate and time derived from it, "
+            f"+/-{u.memory:.0%} in memory ({u.basis})")
+
+
+def robustness_line(r, finalists: Layouts) -> str:
+    """How often the first choice stays first when the fitted figures are drawn within their
+    uncertainty, and which layouts ever win instead."""
+    others = [(i, n) for i, n in sorted(r.winners.items(), key=lambda kv: -kv[1]) if i != 0]
+    text = f"ranking under the uncertainty: #1 stays #1 in {r.stays_first:.0%} of {r.draws} draws of the fitted figures"
+    if others:
+        text += "; also winning: " + "; ".join(f"{layout_label(finalists, i)} ({n / r.draws:.0%})" for i, n in others[:4])
+        if len(others) > 4:
+            text += f"; {len(others) - 4} more"
+    return text

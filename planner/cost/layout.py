@@ -158,6 +158,21 @@ class Space:
         idx = np.arange(len(lay))
         return Space(lay, lay, idx, idx, lay.gas, lay.schedule)
 
+    def subset(self, rows) -> "Space":
+        """The given rows (indices or a mask), with only the units and meshes they use."""
+        rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows)
+        units, unit = np.unique(self.unit[rows], return_inverse=True)
+        meshes, mesh = np.unique(self.mesh[rows], return_inverse=True)
+        return Space(self.units.take(units), self.meshes.take(meshes), unit.reshape(-1), mesh.reshape(-1),
+                     self.gas[rows], self.schedule[rows])
+
+    def allowed_by(self, framework: FrameworkProfile) -> np.ndarray:
+        """Per row: whether the framework runs it (its shardings; sequence parallelism only
+        where it offers it)."""
+        ok_mesh = np.isin(self.meshes.sharding, [SHARDINGS.index(s) for s in framework.shardings])
+        ok_unit = (self.units.sp == 0) | framework.sequence_parallel
+        return ok_mesh[self.mesh] & ok_unit[self.unit]
+
     def layouts(self, rows=None) -> Layouts:
         """Full layouts of the given rows (all rows if None)."""
         rows = np.arange(len(self)) if rows is None else np.asarray(rows)
@@ -178,16 +193,6 @@ def default_shard_group(dp: int, ranks_per_node: int) -> int:
         raise PlanError(f"hsdp needs dp >= 4 to have both shards and replicas; dp is {dp}", field="dp")
     inside = [g for g in legal if g <= ranks_per_node]
     return max(inside) if inside else min(legal)
-
-
-def framework_allows(framework: FrameworkProfile, lay: Layouts) -> np.ndarray:
-    """Per row: whether the framework runs the layout (its shardings; sequence parallelism
-    only where it offers it)."""
-    codes = [SHARDINGS.index(s) for s in framework.shardings]
-    ok = np.isin(lay.sharding, codes)
-    if not framework.sequence_parallel:
-        ok &= lay.sp == 0
-    return ok
 
 
 def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0) -> list[str]:

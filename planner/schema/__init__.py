@@ -3,7 +3,8 @@
 - `specs`: the three inputs (ModelSpec, MachineModel, TrainingJob) and their enums;
 - `plan`: the plan file (Plan), its enums (Sharding, Recompute, Schedule), reading and writing;
 - `vocab`: the protein vocabulary;
-- `errors`: PlanError, the one error the command line turns into a message and exit code 2.
+- `errors`: PlanError, the one error the command line turns into a message and exit code 2;
+- `figures`: the codec between a machine model and the figures that calibration fits.
 
 These modules import nothing from the rest of exaplan; the runtime and the machine models
 import nothing else from the planner.

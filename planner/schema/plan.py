@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from planner.schema.errors import PlanError, format_validation_error
 from planner.schema.specs import (  # noqa: F401 - the layout enums are part of the plan's API
-    Algorithm, MachineModel, ModelSpec, PosInt, Recompute, Schedule, Sharding, Spec, TrainingJob,
+    Algorithm, Fraction, MachineModel, ModelSpec, PosInt, Recompute, Schedule, Sharding, Spec, TrainingJob,
 )
 
 SCHEMA_VERSION = 2
@@ -131,6 +131,16 @@ class MemoryBreakdown(Spec):
     reference_gib: float = Field(0.0, description="dpo: the frozen reference model's parameters.")
 
 
+class PredictionUncertainty(Spec):
+    """How far to trust the prediction: relative half-widths of its intervals, from the
+    leave-one-out errors of the published-run fit (machine_models/uncertainty.py)."""
+
+    step_time: Fraction = Field(description="Step time (and every time and rate derived from it): x (1 +/- this).")
+    memory: Fraction = Field(description="Memory per device: x (1 +/- this).")
+    basis: str = Field(description="The published rows it comes from, or the stated default used.")
+    fitted: bool = Field(description="False for a device kind or framework with no fitted published rows.")
+
+
 class Prediction(Spec):
     step_time_s: float
     step_time: StepTimeBreakdown
@@ -145,6 +155,7 @@ class Prediction(Spec):
     model_flops_per_step: float = Field(gt=0, description="Model FLOPs per optimizer step as the trainer executes them "
                                                           "(forward + backward; dpo: plus the reference's forward in the step).")
     six_n_flops_per_step: float = Field(gt=0, description="6 x parameters x the policy's tokens per step (the usual convention).")
+    uncertainty: PredictionUncertainty | None = Field(None, description="The intervals' half-widths and their basis.")
 
 
 class Provenance(Spec):

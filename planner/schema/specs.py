@@ -265,6 +265,9 @@ class FrameworkProfile(Spec):
         False, description="Pipeline sends split over the tensor-parallel ranks even without sequence parallelism "
                            "(Megatron's scatter/gather of p2p messages).")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction.")
+    loss_bytes_per_logit: PosFloat = Field(
+        8.0, description="Memory the loss holds per logit (torch's eager cross-entropy 8; Megatron's vocab-parallel "
+                         "or a fused kernel 4): planner/cost/memory.py.")
     ddp_buckets_mb: list[PosFloat] = Field(default_factory=lambda: [25.0, 100.0, 400.0],
                                            description="DDP gradient bucket sizes the framework can use (MB).")
     shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),

@@ -204,12 +204,7 @@ class Pins:
         only the units and meshes those rows use."""
         if not self:
             return space
-        keep = np.logical_and.reduce(list(self.masks(space).values()))
-        rows = np.flatnonzero(keep)
-        units, unit = np.unique(space.unit[rows], return_inverse=True)
-        meshes, mesh = np.unique(space.mesh[rows], return_inverse=True)
-        return Space(space.units.take(units), space.meshes.take(meshes), unit.reshape(-1), mesh.reshape(-1),
-                     space.gas[rows], space.schedule[rows])
+        return space.subset(np.logical_and.reduce(list(self.masks(space).values())))
 
     def no_layout(self, space: Space, model: ModelSpec, job: TrainingJob, world: int) -> PlanError:
         """The error for pins that leave none of the (non-empty, unpinned) `space`: which pins,

@@ -37,6 +37,8 @@ class SearchResult:
     fitting: int  # legal layouts that fit in memory
     seconds: float  # enumerate + score + rank
     pins: Pins = field(default_factory=Pins)  # the values kept fixed (every layout has them)
+    finalists: Layouts | None = None  # every re-scored finalist, best first (layouts is its head)
+    finalist_step_time_s: np.ndarray | None = None  # their library-consistent step times
 
     @property
     def world(self) -> int:
@@ -70,6 +72,12 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
             f"{', '.join(map(str, near))}",
             field="global_batch",
         )
+    allowed = space.allowed_by(job.framework)
+    if not allowed.all():  # the shardings and sequence parallelism the framework runs
+        if not allowed.any():
+            raise PlanError(f"{job.framework.name} runs none of the {len(space):,} legal layouts (it runs "
+                            f"{', '.join(s.value for s in job.framework.shardings)})", field="framework")
+        space = space.subset(allowed)
     if pins:
         pinned = pins.restrict(space)
         if len(pinned) == 0:
@@ -93,8 +101,9 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
     ev = evaluate(model, machine, job, lay)  # library-consistent algorithms
     # Rank by step time, then memory; the layout fields break exact ties deterministically.
     tie = tuple(getattr(lay, f) for f in ("sp", "recompute", "sharding", "schedule", "vpp", "gas", "mbs", "tp", "cp", "dp_shard", "dp_replicate", "pp"))
-    order = np.lexsort(tie + (np.round(ev.memory.total), ev.step_time_s))[:top_k]
+    ranked = np.lexsort(tie + (np.round(ev.memory.total), ev.step_time_s))
+    order = ranked[:top_k]
     seconds = time.perf_counter() - start
     best = evaluate(model, machine, job, lay.take(order))
     return SearchResult(model, machine, job, nodes, lay.take(order), best, len(space), scores.layouts_scored, fitting, seconds,
-                        pins)
+                        pins, lay.take(ranked), ev.step_time_s[ranked])

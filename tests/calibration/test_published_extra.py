@@ -74,8 +74,6 @@ def test_model_shape_matches_the_published_parameter_count(rec):
     assert total_params(rec["model"]) == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
 
 
-@pytest.mark.xfail(strict=False, reason="needs sections F-H and framework 'deepspeed' in calibration.published "
-                                        "(added when the rows are merged)")
 def test_records_validate_as_published_runs():
     runs = [PublishedRun.model_validate(r) for r in RECORDS]
     assert [r.id for r in runs] == IDS

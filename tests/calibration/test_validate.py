@@ -29,7 +29,7 @@ from rich.console import Console
 import machine_models.loader as loader
 from machine_models import FRAMEWORKS_FILE, DEVICE_KINDS_FILE, list_machines, load_machine
 from calibration import fit_files, fit_published as cal
-from calibration.published import FRAMEWORKS, UNITS, published_runs
+from calibration.published import FRAMEWORKS, UNITS, held_out_runs, published_runs
 from calibration.validate_published import (
     predict,
     published_json,
@@ -67,8 +67,10 @@ def fitted_errors(fit, times):
 def test_runs_are_well_formed():
     runs = published_runs()
     ids = [r.id for r in runs]
-    assert len(ids) == len(set(ids)) == 25
-    assert {r.section for r in runs} == {"A", "B", "C", "D"}
+    assert len(ids) == len(set(ids)) == 31
+    assert {r.section for r in runs} == {"A", "B", "C", "D", "H"}
+    held = held_out_runs()
+    assert {r.section for r in held} == {"F", "G"} and not {r.id for r in held} & set(ids)
     for r in runs:
         assert r.kind in UNITS
         assert r.layout.tp * r.layout.pp * r.layout.dp == r.gpus

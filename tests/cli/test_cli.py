@@ -52,8 +52,20 @@ EST_3_5B = ("estimate", "--model", "protein-3.5b", "--machine", "dgx-h100", "--n
 def test_plan_json_and_the_plan_file(capsys, tmp_path):
     out_file = tmp_path / "best.yaml"
     data = run_json(capsys, *SMALL_PLAN, "--top", "3", "-o", str(out_file))
-    assert set(data) == {"search", "world_size", "global_batch", "top", "why", "plan_file", "plan"}
-    assert set(data["search"]) == {"legal_layouts", "layouts_scored", "fitting", "search_seconds", "layouts_per_second"}
+    assert set(data) == {"search", "world_size", "global_batch", "top", "why", "plan_file", "plan", "uncertainty",
+                         "robustness"}
+    assert set(data["search"]) == {"legal_layouts", "layouts_scored", "fitting", "search_seconds", "layouts_per_second",
+                                   "robustness_seconds"}
+    u = data["uncertainty"]
+    assert 0 < u["step_time"] < 1 and 0 < u["memory"] < 1 and u["basis"]
+    top = data["top"][0]
+    lo, hi = top["intervals"]["step_time_s"]
+    assert lo < top["step_time_s"] < hi and lo == pytest.approx(top["step_time_s"] * (1 - u["step_time"]))
+    lo, hi = top["intervals"]["tokens_per_s"]
+    assert lo < top["tokens_per_s"] < hi
+    assert data["plan"]["prediction"]["uncertainty"]["step_time"] == pytest.approx(u["step_time"])
+    r = data["robustness"]
+    assert r["draws"] == 200 and 0 <= r["stays_first"] <= 1 and sum(r["winners"].values()) == pytest.approx(1.0)
     assert data["world_size"] == 8 and data["global_batch"] == 64  # default: 8 sequences per rank
     assert len(data["top"]) == 3
     assert ESTIMATE_KEYS | {"layout", "time_to_train_days"} <= set(data["top"][0])

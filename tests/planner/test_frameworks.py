@@ -94,3 +94,19 @@ def test_estimate_and_plan_take_the_framework(tmp_path, capsys):
     assert "shard: megatron runs" in capsys.readouterr().err and not (tmp_path / "no.yaml").exists()
     assert main(["plan", "--model", "protein-tiny", "--machine", "dgx-h100", "--framework", "nope", "--no-write"]) == 2
     assert "unknown framework 'nope'" in capsys.readouterr().err
+
+
+def test_the_search_keeps_to_what_the_framework_runs():
+    from planner.search.search import search
+    from planner.cost.layout import SHARDINGS
+
+    model, machine = get_model("protein-7b"), load_machine("dgx-h100")
+    for name in ("megatron", "exaplan"):
+        framework = load_framework(name)
+        job = make_job(model, machine, 128, 1024, None, None, None, framework=framework)
+        res = search(model, framework.applied_to(machine), job, 16, top_k=20)
+        kinds = {SHARDINGS[k] for k in res.layouts.sharding}
+        assert kinds <= set(framework.shardings), name
+    no_sp = FrameworkProfile(sequence_parallel=False)
+    res = search(model, machine, make_job(model, machine, 128, 1024, None, None, None, framework=no_sp), 16, top_k=50)
+    assert not res.layouts.sp.any()

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from planner.schema.specs import FrameworkProfile
+
 from calibration.published import published_runs
 from machine_models import load_machine
 from planner.cost import flops, memory
@@ -142,8 +144,11 @@ def test_korthikanti_loss_holds_fp32_logits():
     s, b, v, t = job.seq_len, 4, model.vocab_size, 8
     _, fixed = memory.activation_bytes(model, _unfused(), job, lay, per_logit=memory.LOSS_BYTES_PER_LOGIT["vocab-parallel"])
     assert float(fixed[0]) == pytest.approx(4.0 * s * b * v / t, **TIGHT)
-    _, eager = memory.activation_bytes(model, _unfused(), job, lay)
+    eager_job = job.model_copy(update={"framework": FrameworkProfile()})  # exaplan's runtime: torch's eager loss
+    _, eager = memory.activation_bytes(model, _unfused(), eager_job, lay)
     assert float(eager[0]) == pytest.approx(8.0 * s * b * v / t, **TIGHT)
+    _, megatron = memory.activation_bytes(model, _unfused(), job, lay)  # the row's own profile: Megatron's loss
+    assert float(megatron[0]) == pytest.approx(4.0 * s * b * v / t, **TIGHT)
 
 
 # --- published runs fit on their 80 GB devices ---------------------------------------------------

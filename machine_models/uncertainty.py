@@ -1,0 +1,84 @@
+"""How far to trust a prediction: relative half-widths of the intervals every predicted time,
+rate and memory figure carries, read from uncertainty.yaml (written by `exaplan validate
+--published --refit --loo`: the leave-one-out errors of the published-run fit).
+
+    u = uncertainty_of(machine, framework)
+    u.step_time   # 0.09: the true step time lies within predicted x (1 +/- 0.09) for about
+                  #       80% of the published rows of this device kind and framework
+    u.memory      # 0.15
+    u.basis       # the rows it comes from, or why a stated default is used
+
+Step time: the 80th percentile of |leave-one-out error| over the published rows of the
+machine's device kind and, separately, of the job's framework; the larger of the two (a
+prediction is as uncertain as its less-known half). A device kind without fitted rows of its
+own ("unfitted", or "copied from" another kind) gets UNFITTED_STEP_TIME instead, stated as
+such. Memory: MEMORY, the 80th percentile of the net memory errors of the local validation
+(docs/validate-local) and the spread of the published activation-memory checks
+(tests/planner/test_memory_published.py), for every device kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from machine_models.loader import device_kind_status
+from planner.schema.specs import FrameworkProfile, MachineModel
+
+UNCERTAINTY_FILE = Path(__file__).resolve().parent / "uncertainty.yaml"
+QUANTILE = 0.8
+# Stated defaults: a device kind nothing was fitted to (first-guess efficiency figures), and
+# memory (no published peak-memory rows to take leave-one-out errors from).
+UNFITTED_STEP_TIME = 0.30
+MEMORY = 0.15
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    step_time: float  # relative half-width of step time (and of every rate and time derived from it)
+    memory: float  # relative half-width of memory per device
+    basis: str
+    fitted: bool
+
+    def time_interval(self, value: float) -> tuple[float, float]:
+        return value * (1 - self.step_time), value * (1 + self.step_time)
+
+    def rate_interval(self, value: float) -> tuple[float, float]:
+        """A rate (tokens/s, TFLOP/s, MFU) is inversely proportional to the step time."""
+        return value / (1 + self.step_time), value / max(1 - self.step_time, 1e-9)
+
+    def memory_interval(self, value: float) -> tuple[float, float]:
+        return value * (1 - self.memory), value * (1 + self.memory)
+
+    def as_json(self) -> dict:
+        return {"step_time": self.step_time, "memory": self.memory, "basis": self.basis, "fitted": self.fitted}
+
+
+def _read(path: Path) -> dict:
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = None,
+                   path: Path = UNCERTAINTY_FILE) -> Uncertainty:
+    """The uncertainty of predictions for `machine` run with `framework` (default exaplan)."""
+    framework = framework or FrameworkProfile()
+    data = _read(path)
+    status = device_kind_status().get(machine.device_name, "unknown device kind")
+    device = (data.get("device_kinds") or {}).get(machine.device_name)
+    fw = (data.get("frameworks") or {}).get(framework.name)
+    if status != "fitted" or not device:
+        return Uncertainty(UNFITTED_STEP_TIME, MEMORY, f"{machine.device_name}: {status}; stated default "
+                           f"+/-{UNFITTED_STEP_TIME:.0%} for device kinds without published rows", False)
+    parts = [(float(device["p80"]), f"{machine.device_name} ({device['rows']} rows)")]
+    if fw:
+        parts.append((float(fw["p80"]), f"{framework.name} ({fw['rows']} rows)"))
+    else:
+        parts.append((UNFITTED_STEP_TIME, f"{framework.name}: no published rows, stated default"))
+    value, _ = max(parts)
+    basis = "leave-one-out |error| p80 of " + " and ".join(name for _, name in parts)
+    return Uncertainty(value, MEMORY, basis, fw is not None)
