@@ -44,7 +44,7 @@ by node and nodes by group:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,6 +72,17 @@ class Placement:
     inter_beta_Bps: np.ndarray  # per-rank share of the NICs when every device talks at once (before the taper)
     taper: float  # global bandwidth per node / injection bandwidth
     eff: dict[str, float]  # collective -> fraction of the modelled speed the library reaches
+    _betas: dict = field(default_factory=dict, repr=False)  # (algorithm, stage) -> bandwidth, computed once
+
+    def algorithm_beta(self, algorithm: int, across_nodes: bool = False) -> np.ndarray:
+        """Per-rank bandwidth of `algorithm` over the whole communicator (flat), or of the
+        hierarchical algorithm's across-node stage run as `algorithm` (one rank per node,
+        inter_beta_Bps), with the taper on its crossing share."""
+        key = (algorithm, across_nodes)
+        if key not in self._betas:
+            phi = crossing_share(algorithm, self, across_nodes)
+            self._betas[key] = self.tapered(self.inter_beta_Bps, phi) if across_nodes else self.flat_beta(phi)
+        return self._betas[key]
 
     def tapered(self, beta, phi) -> np.ndarray:
         """`beta` (bytes/s of NIC-bound traffic) when a share `phi` of it crosses groups
@@ -104,7 +115,7 @@ def place(size, stride, tiers: LinkTiers) -> Placement:
     pl = Placement(size, local, nodes, groups, alpha, ring_alpha, tiers.intra_bandwidth_Bps, nic_share,
                    tiers.intra_latency_s, tiers.intra_bandwidth_Bps,
                    np.minimum(tiers.intra_bandwidth_Bps, tiers.node_injection_Bps / dpn), tiers.global_taper, eff)
-    pl.beta_Bps = pl.flat_beta(crossing_share(AL_RING, pl))
+    pl.beta_Bps = pl.algorithm_beta(AL_RING)
     return pl
 
 
@@ -190,13 +201,12 @@ def _allreduce(algorithm: int, pl: Placement, M: np.ndarray) -> np.ndarray:
     if algorithm == AL_RING:
         return ring_allreduce(pl.size, M, pl.ring_alpha_s, pl.beta_Bps)
     if algorithm == AL_TREE:
-        return tree_allreduce(pl.size, M, pl.alpha_s, pl.flat_beta(crossing_share(AL_TREE, pl)))
+        return tree_allreduce(pl.size, M, pl.alpha_s, pl.algorithm_beta(AL_TREE))
     if algorithm == AL_RABENSEIFNER:
-        return rabenseifner_allreduce(pl.size, M, pl.alpha_s, pl.flat_beta(crossing_share(AL_RABENSEIFNER, pl)))
+        return rabenseifner_allreduce(pl.size, M, pl.alpha_s, pl.algorithm_beta(AL_RABENSEIFNER))
     if algorithm == AL_HIERARCHICAL:
         inside_rs = ring_reduce_scatter(pl.local, M, pl.intra_alpha_s, pl.intra_beta_Bps)
-        beta = pl.tapered(pl.inter_beta_Bps, crossing_share(AL_RABENSEIFNER, pl, across_nodes=True))
-        across = rabenseifner_allreduce(pl.nodes, M / pl.local, pl.alpha_s, beta)
+        across = rabenseifner_allreduce(pl.nodes, M / pl.local, pl.alpha_s, pl.algorithm_beta(AL_RABENSEIFNER, True))
         return np.where(pl.nodes > 1, 2 * inside_rs + across, ring_allreduce(pl.size, M, pl.ring_alpha_s, pl.beta_Bps))
     raise ValueError(f"unknown algorithm code {algorithm}")
 
@@ -215,8 +225,7 @@ def all_gather(algorithm: int, pl: Placement, M) -> np.ndarray:
 def _ring_or_hierarchical(algorithm: int, pl: Placement, M: np.ndarray) -> np.ndarray:
     if algorithm == AL_HIERARCHICAL:
         inside = ring_reduce_scatter(pl.local, M, pl.intra_alpha_s, pl.intra_beta_Bps)
-        beta = pl.tapered(pl.inter_beta_Bps, crossing_share(AL_RING, pl))
-        across = ring_reduce_scatter(pl.nodes, M / pl.local, pl.alpha_s, beta)
+        across = ring_reduce_scatter(pl.nodes, M / pl.local, pl.alpha_s, pl.algorithm_beta(AL_RING, True))
         return np.where(pl.nodes > 1, inside + across, ring_reduce_scatter(pl.size, M, pl.ring_alpha_s, pl.beta_Bps))
     return ring_reduce_scatter(pl.size, M, pl.ring_alpha_s, pl.beta_Bps)
 
