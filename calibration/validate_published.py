@@ -122,6 +122,18 @@ def validate_published(fitted: bool = True, *, refit: bool = False, leave_one_ou
     return rows
 
 
+def validate_searched(rows: list[ValidationRow] | None = None) -> list:
+    """The rows with chosen (unpublished) layout fields, searched over those fields
+    (calibration/search_unstated.py), with the shipped figures."""
+    from calibration.search_unstated import search_unstated
+
+    runs = published_runs()
+    shipped = cal.machines_of(runs)
+    recorded = fit_files.framework_figures()
+    out = [search_unstated(r, shipped_machine(r, shipped[r.machine], recorded)) for r in runs]
+    return [s for s in out if s is not None]
+
+
 def validate_held_out() -> list[ValidationRow]:
     """The held-out published rows (never fitted), predicted with the shipped figures of their
     device kind and framework: how the model does where nothing was fitted to them."""
@@ -163,7 +175,8 @@ def _fmt(value: float, kind: str) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.1f}"
 
 
-def render_published(rows: list[ValidationRow], console, held_out: list[ValidationRow] | None = None) -> None:
+def render_published(rows: list[ValidationRow], console, held_out: list[ValidationRow] | None = None,
+                     searched: list | None = None) -> None:
     """Print the rows as a rich table, then median and max |error| (and leave-one-out),
     overall, per device kind and per framework; then the held-out rows, if given."""
     console.print(_table("Published runs: predicted vs published", rows))
@@ -175,8 +188,24 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
     if held_out:
         console.print(_table("Held out (never fitted): predicted vs published", held_out))
         console.print(_summary_line("held-out rows", held_out))
+    if searched:
+        console.print(_searched_table(searched, {r.id: r for r in rows}))
     if any(r.assumed for r in rows + (held_out or [])):
         console.print("* a field of this row is not published; calibration/published.py documents the choice made")
+
+
+def _searched_table(searched: list, rows: dict[str, ValidationRow]):
+    from rich.table import Table
+
+    table = Table(title="Rows with unpublished layout fields: those fields searched, the rest pinned")
+    for col in ("row", "searched", "as recorded", "error", "best layout found", "error"):
+        table.add_column(col)
+    for s in searched:
+        r = rows[s.id]
+        found = "(nothing fits)" if s.layout is None else s.layout
+        err = "" if s.error is None else f"{100 * s.error:+.1f}%"
+        table.add_row(s.id, ", ".join(s.free), r.layout, f"{100 * r.error:+.1f}%", found, err)
+    return table
 
 
 def _table(title: str, rows: list[ValidationRow]):
@@ -206,7 +235,8 @@ def _summary_line(name: str, rows: list[ValidationRow]) -> str:
     return text
 
 
-def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | None = None) -> dict:
+def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | None = None,
+                   searched: list | None = None) -> dict:
     """The rows and their summary (all rows, then per device kind and per framework) as a
     JSON-ready dict, and the held-out rows with theirs; errors are signed fractions
     (predicted / published - 1), summaries absolute."""
@@ -218,6 +248,8 @@ def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | No
     }
     if held_out:
         out["held_out"] = {"rows": [asdict(r) for r in held_out], "summary": _summary_json(held_out)}
+    if searched:
+        out["searched_unstated"] = [asdict(s) for s in searched]
     return out
 
 

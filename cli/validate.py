@@ -33,6 +33,10 @@ def add_parser(sub) -> None:
     v.add_argument("--refit", action="store_true",
                    help="with --published: refit the per-device-kind and per-framework figures and save them in "
                         "machine_models/device_kinds.yaml")
+    v.add_argument("--search-unstated", action="store_true",
+                   help="with --published: for rows whose source leaves layout fields unstated (micro-batch, "
+                        "recompute, sequence parallelism, virtual stages), search those fields with the rest pinned "
+                        "and show the best layout's error beside the recorded choice's")
     v.add_argument("--loo", action="store_true",
                    help="with --published: also leave-one-out errors: refit without each run and predict it "
                         "(about a minute)")
@@ -54,10 +58,11 @@ def _published(args) -> int:
                         + " ..."):
             rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
     held_out = validate.validate_held_out()
+    searched = validate.validate_searched() if args.search_unstated else None
     if args.json:
-        print_json(validate.published_json(rows, held_out))
+        print_json(validate.published_json(rows, held_out, searched))
         return 0
-    validate.render_published(rows, console(), held_out)
+    validate.render_published(rows, console(), held_out, searched)
     return 0
 
 
