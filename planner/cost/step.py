@@ -42,7 +42,6 @@ from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, Mod
 
 # DDP bucket sizes of exaplan's runtime (MB); each framework's: FrameworkProfile.ddp_buckets_mb.
 DDP_BUCKETS_MB = (25.0, 100.0, 400.0)
-ZERO_BUCKET_PARAMS = 40e6
 GIB = 2.0**30
 
 
@@ -205,12 +204,14 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     fsdp = (s == SH_FSDP) | (s == SH_GRAD_OP) | (s == SH_HSDP)
     ar_codes, rsag_codes = algos
     F_total, F_floor, K_total, K_floor, S_total, S_floor = {}, {}, {}, {}, {}, {}
-    # ZeRO-1/2 reduce-scatter fp32 gradients in buckets of max(40M, 1M x dp) parameters
-    # (Megatron-LM's distributed optimizer): ZeRO-1 once a step under the last backward,
-    # ZeRO-2 every micro-batch; both all-gather the updated 16-bit weights under the next
-    # forward. FSDP all-gathers each block before forward (and again before backward when
-    # resharded) and reduce-scatters its gradients.
-    zero_bucket_bytes = 4.0 * np.maximum(ZERO_BUCKET_PARAMS, 1e6 * m.grad_group)
+    # ZeRO-1/2 reduce-scatter the gradients in the framework's buckets (Megatron-LM's
+    # distributed optimizer: max(40M, 1M x dp) parameters; DeepSpeed: 5e8; exaplan's runtime:
+    # 25 MiB of fp32): ZeRO-1 once a step under the last backward, ZeRO-2 every micro-batch;
+    # both all-gather the updated 16-bit weights under the next forward. FSDP all-gathers each
+    # block before forward (and again before backward when resharded) and reduce-scatters its
+    # gradients.
+    fw = job.framework
+    zero_bucket_bytes = fw.grad_reduce_bytes * np.maximum(fw.zero_bucket_params, fw.zero_bucket_params_per_rank * m.grad_group)
     zb = np.maximum(np.ceil(M_grad / zero_bucket_bytes), 1)
     # Each one's buffer also passes through memory around the collective (FSDP2's copy-in to
     # a flat buffer and copy-out; DDP's and ZeRO's bucket copies): in line on a CPU, hidden

@@ -270,6 +270,10 @@ class FrameworkProfile(Spec):
                          "or a fused kernel 4): planner/cost/memory.py.")
     ddp_buckets_mb: list[PosFloat] = Field(default_factory=lambda: [25.0, 100.0, 400.0],
                                            description="DDP gradient bucket sizes the framework can use (MB).")
+    zero_bucket_params: PosFloat = Field(25 * 2**20 / 4, description="ZeRO-1/2 gradient bucket, parameters (exaplan's "
+                                                                     "runtime: 25 MiB of fp32).")
+    zero_bucket_params_per_rank: float = Field(
+        0.0, ge=0, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
     shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
                                       description="Data-parallel shardings the framework runs.")
 
