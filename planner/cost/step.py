@@ -5,12 +5,14 @@ One optimizer step on the busiest pipeline rank:
     work_per_microbatch = its blocks' compute + exposed tp, cp and pipeline traffic
     bubble = (p - 1) / v * work_per_microbatch  (GPipe/1F1B: v = 1; Narayanan et al. 2021)
 Data-parallel and FSDP traffic overlaps compute by buckets or blocks up to the machine's
-overlap fraction; what cannot hide, and never less than one bucket or block, is exposed:
-    exposed = max(traffic - overlap * compute it runs under, one bucket or block).
+overlap fraction; what cannot hide, and never less than one bucket or block (all of it where
+the framework hides none: DeepSpeed's weight all-gather in step()), is exposed:
+    exposed = max(traffic - overlap * compute it runs under, floor).
 
 The work is done in three levels (planner.cost.layout.Space): per micro-batch "unit"
 (compute, tp/cp/pp traffic, activations), per "mesh" (model states, data-parallel traffic,
-optimizer), and per row (what combines them: accumulation steps, schedule, overlap).
+optimizer: planner.cost.dp), and per row (what combines them: accumulation steps, schedule,
+overlap).
 
 Collective algorithms: in `fast` mode each communicator takes its cheapest algorithm (a
 lower bound used by the search); otherwise the job takes one allreduce algorithm and one
@@ -25,23 +27,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost import comm, compute, flops
-from planner.cost.layout import RC_FULL, SH_FSDP, SH_GRAD_OP, SH_HSDP, SH_NONE, SH_ZERO1, SH_ZERO2, Layouts, Space
-from planner.cost.memory import (
-    MemoryParts,
-    activation_bytes,
-    buffer_bytes,
-    reference_bytes,
-    microbatches_in_flight,
-    model_state_bytes,
-    reserve_bytes,
-    stage_params,
-)
+from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs
+from planner.cost.layout import RC_FULL, Layouts, Space
+from planner.cost.memory import MemoryParts, activation_bytes, microbatches_in_flight, reserve_bytes
 from planner.cost.pipeline import chunk_bottleneck
 from planner.cost.topology import LinkTiers, link_tiers
-from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
+from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, TrainingJob, bytes_per_element
 
-# DDP bucket sizes of exaplan's runtime (MB); each framework's: FrameworkProfile.ddp_buckets_mb.
-DDP_BUCKETS_MB = (25.0, 100.0, 400.0)
+__all__ = ["DDP_BUCKETS_MB", "Evaluation", "MeshCosts", "Scores", "evaluate", "evaluate_space", "mesh_costs",
+           "offered_algorithms", "unit_costs"]
 GIB = 2.0**30
 
 
@@ -162,108 +156,6 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
 
 
 # --------------------------------------------------------------------------------------------
-# Level 2: one mesh (model states and data-parallel traffic)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class MeshCosts:
-    """Data-parallel traffic of a mesh, as terms the row level overlaps with compute:
-    F (under forward) and K (under backward), each `per_mb` or once a step, and S (once a
-    step under the last backward) for each DDP bucket size. Totals and floors (s)."""
-
-    F_total: dict[int, np.ndarray]
-    F_floor: dict[int, np.ndarray]
-    K_total: dict[int, np.ndarray]
-    K_floor: dict[int, np.ndarray]
-    F_per_mb: np.ndarray
-    K_per_mb: np.ndarray
-    S_total: dict[int, list[np.ndarray]]  # by allreduce algorithm, one per DDP bucket size
-    S_floor: dict[int, list[np.ndarray]]
-    parameters: np.ndarray
-    gradients: np.ndarray
-    optimizer: np.ndarray
-    buffers: np.ndarray
-    optimizer_s: np.ndarray
-    reference: np.ndarray  # dpo: the frozen reference model's parameters (bytes per device)
-
-
-def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Layouts, tiers: LinkTiers, algos,
-               ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB) -> MeshCosts:
-    s, t = m.sharding, m.tp
-    P = stage_params(model, m) / t
-    M_grad = P * job.framework.grad_reduce_bytes  # gradients reduced in fp32 unless the framework says bf16
-    M_w = P * (4.0 if job.precision == Precision.fp32 else 2.0)
-    n_blocks = np.ceil(model.layers / m.pp)
-    G = np.maximum(m.shard_group, 1)
-    single = m.grad_group == 1
-    pl_grad = comm.place(m.grad_group, t, tiers)
-    pl_shard = comm.place(m.shard_group, t, tiers)
-    pl_rep = comm.place(m.dp_replicate, m.dp_shard * m.cp * t, tiers)
-    zero = (s == SH_ZERO1) | (s == SH_ZERO2)
-    fsdp = (s == SH_FSDP) | (s == SH_GRAD_OP) | (s == SH_HSDP)
-    ar_codes, rsag_codes = algos
-    F_total, F_floor, K_total, K_floor, S_total, S_floor = {}, {}, {}, {}, {}, {}
-    # ZeRO-1/2 reduce-scatter the gradients in the framework's buckets (Megatron-LM's
-    # distributed optimizer: max(40M, 1M x dp) parameters; DeepSpeed: 5e8; exaplan's runtime:
-    # 25 MiB of fp32): ZeRO-1 once a step under the last backward, ZeRO-2 every micro-batch;
-    # both all-gather the updated 16-bit weights under the next forward. FSDP all-gathers each
-    # block before forward (and again before backward when resharded) and reduce-scatters its
-    # gradients.
-    fw = job.framework
-    zero_bucket_bytes = fw.grad_reduce_bytes * np.maximum(fw.zero_bucket_params, fw.zero_bucket_params_per_rank * m.grad_group)
-    zb = np.maximum(np.ceil(M_grad / zero_bucket_bytes), 1)
-    # Each one's buffer also passes through memory around the collective (FSDP2's copy-in to
-    # a flat buffer and copy-out; DDP's and ZeRO's bucket copies): in line on a CPU, hidden
-    # on the communication stream of a GPU (machine.dp_buffer_copies passes, read + write).
-    copy_s = machine.dp_buffer_copies * 2.0 / (machine.memory_bandwidth_gbyte_s * 1e9)
-    # ZeRO's gradients already sit in its flat buckets (hooks add them during backward) and
-    # only the all-gathered weights are copied back: half the passes, on the all-gather.
-    for r in rsag_codes:
-        zero_rs = comm.reduce_scatter(r, pl_grad, M_grad / zb)
-        ag_grad_group = comm.all_gather(r, pl_grad, M_w) + copy_s / 2 * M_w
-        ag_block = comm.all_gather(r, pl_shard, M_w / n_blocks) + copy_s * M_w / n_blocks
-        rs_block = comm.reduce_scatter(r, pl_shard, M_grad / n_blocks) + copy_s * M_grad / n_blocks
-        refetch = np.where(s == SH_GRAD_OP, 0.0, 1.0)
-        F_total[r] = np.where(zero, ag_grad_group, np.where(fsdp, n_blocks * ag_block, 0.0))
-        F_floor[r] = np.where(zero, ag_grad_group / n_blocks, np.where(fsdp, ag_block, 0.0))
-        K_total[r] = np.where(zero, zb * zero_rs, np.where(fsdp, n_blocks * (refetch * ag_block + rs_block), 0.0))
-        K_floor[r] = np.where(zero, zero_rs, np.where(fsdp, rs_block, 0.0))
-        for d in (F_total, F_floor, K_total, K_floor):
-            d[r] = np.where(single, 0.0, d[r])
-    allreduced = s == SH_NONE
-    for a in ar_codes:
-        # DDP: bucketed allreduce of all gradients; HSDP: allreduce of the
-        # shards across replicas. Once a step, under the last micro-batch's backward.
-        S_total[a], S_floor[a] = [], []
-        for mb in ddp_buckets_mb:
-            bytes_ = np.where(s == SH_HSDP, M_grad / G, M_grad)
-            n = np.maximum(np.ceil(bytes_ / (mb * 1e6)), 1)
-            per_ddp = comm.allreduce(a, pl_grad, bytes_ / n) + copy_s * bytes_ / n
-            per_hsdp = comm.allreduce(a, pl_rep, bytes_ / n) + copy_s * bytes_ / n
-            per = np.where(s == SH_HSDP, per_hsdp, np.where(allreduced, per_ddp, 0.0))
-            per = np.where(single, 0.0, per)
-            S_total[a].append(n * per)
-            S_floor[a].append(per)
-    params, grads, opt = model_state_bytes(model, job, m)
-    opt_params = np.where(s == SH_NONE, P, P / G)
-    # AdamW reads and writes its shard (fp32 weights, gradients, two moments, the 16-bit
-    # copy), plus the framework's fixed cost per step.
-    per_param = machine.optimizer_bytes_per_param or (30.0 if job.precision != Precision.fp32 else 28.0)
-    optimizer_s = opt_params * per_param / (machine.memory_bandwidth_gbyte_s * 1e9)
-    # Operators the optimizer launches: per parameter tensor, or per flat bucket under ZeRO.
-    tensors = np.where(zero, zb, n_blocks * compute.TENSORS_PER_BLOCK + 3)
-    optimizer_s = optimizer_s + machine.step_overhead_s + machine.op_overhead_us * 1e-6 * compute.OPTIMIZER_OPS_PER_TENSOR * tensors
-    return MeshCosts(
-        F_total, F_floor, K_total, K_floor,
-        F_per_mb=fsdp, K_per_mb=fsdp | (s == SH_ZERO2),
-        S_total=S_total, S_floor=S_floor,
-        parameters=params, gradients=grads, optimizer=opt, buffers=buffer_bytes(model, job, m), optimizer_s=optimizer_s,
-        reference=reference_bytes(model, job, m),
-    )
-
-
-# --------------------------------------------------------------------------------------------
 # Level 3: rows
 # --------------------------------------------------------------------------------------------
 
@@ -330,8 +222,9 @@ class _Rows:
     base_u: np.ndarray  # per unit: compute + cp + pp traffic of a micro-batch
     fwd_mb: np.ndarray  # per row: forward compute of a micro-batch (a third of it)
     bwd_mb: np.ndarray
-    F_reps: np.ndarray  # how often F and K are paid: every micro-batch or once a step
+    F_reps: np.ndarray  # how often F, K and S are paid: every micro-batch or once a step
     K_reps: np.ndarray
+    S_reps: np.ndarray | None  # None: every S term once a step
     overlap: float  # machine.overlap.dp
 
     @classmethod
@@ -347,6 +240,7 @@ class _Rows:
             fwd_mb=fwd_mb, bwd_mb=2.0 * fwd_mb,
             F_reps=np.where(M.F_per_mb[mi], m, dtype(1.0)),
             K_reps=np.where(M.K_per_mb[mi], m, dtype(1.0)),
+            S_reps=np.where(M.S_per_mb[mi], m, dtype(1.0)) if M.S_per_mb.any() else None,
             overlap=overlap,
         )
 
@@ -357,8 +251,9 @@ class _Rows:
                 + self.K_reps * np.maximum(M.K_total[r][mi] - ov * self.bwd_mb, M.K_floor[r][mi]))
 
     def s_exposed(self, St: np.ndarray, Sf: np.ndarray) -> np.ndarray:
-        """Exposed S traffic (once a step, under the last backward) of one bucket size."""
-        return np.maximum(St[self.mi] - self.overlap * self.bwd_mb, Sf[self.mi])
+        """Exposed S traffic (under the last backward, or every backward) of one bucket size."""
+        exposed = np.maximum(St[self.mi] - self.overlap * self.bwd_mb, Sf[self.mi])
+        return exposed if self.S_reps is None else self.S_reps * exposed
 
     def step(self, M: MeshCosts, tp_mb_u: np.ndarray, dp: np.ndarray, s_cost: np.ndarray) -> np.ndarray:
         return (self.repeats_u * (self.base_u + tp_mb_u))[self.u] + dp + s_cost + M.optimizer_s[self.mi]
