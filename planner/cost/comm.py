@@ -18,6 +18,18 @@ Ring latency: a ring ordered by rank leaves a node once per node it spans, so of
 N cross the network and n - N stay inside a node; the data of a pipelined ring follows the
 ring, so each step costs the mean hop latency (NCCL's own model counts inter-node latency
 on 2N of an allreduce's 2(n-1) steps):  alpha_ring = (N alpha_inter + (n - N) alpha_intra) / n.
+A large message does not hide these: once a rank's share of a step (M/n, split over the
+channels) is one chunk or less, every step waits for its predecessor's, so a reduce-scatter
+or all-gather over n ranks pays n - 1 hop latencies whatever its size. NCCL's tuning model
+(src/graph/tuning.cc, ncclTopoTuneModel) charges a ring a base latency once (6.6-14 us) and
+per step 0.6 / 1.9 / 3.4 us over NVLink and 2.7 / 4 / 14 us over the network (LL / LL128 /
+Simple), an intra-node step of a multi-node ring at least the network proxy's overhead (1-2
+us, x3 for Simple); RCCL's tables (MI200) give 1.5 us inside and 5-12 us across for LL128.
+The machine files' per-hop figures (2.5-6 us inside, 3-5 us across) lie in that range; no
+base latency is charged. At 16k ranks that is 0.04-0.2 s a call: what reduce-scatters and
+all-gathers over every rank cost at that scale (NCCL and RCCL offer only the ring for them
+with several GPUs per node; PAT, NCCL 2.23+, needs one per node and keeps a term linear in
+the ranks in the same model), while a tree allreduce pays 2 log2(nodes) network hops.
 
 Dragonfly taper: a group's global links carry taper x the injection bandwidth of its nodes
 (global_bandwidth_taper). A communicator on N nodes spanning g = ceil(N x node stride /

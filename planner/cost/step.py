@@ -70,8 +70,10 @@ class Evaluation:
 
 def offered_algorithms(machine: MachineModel) -> tuple[list[int], list[int]]:
     """(allreduce codes, reduce-scatter/all-gather codes) the library can be told to use.
-    Reduce-scatter and all-gather run as rings, or hierarchically where the library offers a
-    hierarchical mode (oneCCL's topo)."""
+    Reduce-scatter and all-gather run as rings (NCCL's and RCCL's only algorithm for them on
+    ordinary networks with several GPUs per node: tuning.cc; NCCL 2.23's PAT needs one GPU
+    per node), or hierarchically where the library offers a hierarchical mode (oneCCL's topo,
+    its default for GPU buffers)."""
     ar = [comm.ALGORITHMS.index(Algorithm(a)) for a in machine.algorithms]
     rsag = [comm.AL_RING]
     if Algorithm.hierarchical in machine.algorithms and machine.collective_library == CollectiveLibrary.oneccl:
