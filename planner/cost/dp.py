@@ -26,11 +26,13 @@ Which collective a framework's ZeRO-1/2 issues (ZERO_COLLECTIVES):
     owning rank before); with overlap_comm under the last backward (ZeRO-1: only at the
     gradient-accumulation boundary). Its step() then all-gathers the updated 16-bit weights
     (runtime/utils.py all_gather_dp_groups: one all_gather_into_tensor per parameter
-    group) before returning, so nothing hides them. So the library's allreduce algorithms
+    group; Megatron-DeepSpeed makes two, with and without weight decay, the second holding
+    only the norms' 1-D weights: megatron/optimizer/__init__.py get_param_groups) before
+    returning, so nothing hides them. So the library's allreduce algorithms
     apply (NCCL's and RCCL's double binary tree: latency 2 log2(nodes) hops, against a
     ring's one hop per rank), and the weights' ring all-gather, the only all-gather NCCL and
     RCCL offer with several GPUs per node (PAT needs one: NCCL 2.23+, tuning.cc), pays its
-    n - 1 hop latencies once a step.
+    n - 1 hop latencies twice a step.
 """
 
 from __future__ import annotations
@@ -55,12 +57,13 @@ class ZeroCollectives:
 
     grads_allreduced: bool = False  # each gradient bucket allreduced (not reduce-scattered)
     gather_hidden: bool = True  # the weights' all-gather may run under the next forward
+    gather_calls: int = 1  # all-gathers of the weights a step (one per parameter group)
 
 
 # Frameworks whose ZeRO-1/2 differ from the default (reduce-scatter per bucket, all-gather
 # that may hide under the forward), by profile name: FrameworkProfile has no field for it
 # yet. DeepSpeed: see the module docstring.
-ZERO_COLLECTIVES = {"deepspeed": ZeroCollectives(grads_allreduced=True, gather_hidden=False)}
+ZERO_COLLECTIVES = {"deepspeed": ZeroCollectives(grads_allreduced=True, gather_hidden=False, gather_calls=2)}
 
 
 @dataclass
@@ -127,6 +130,8 @@ def _sharded_terms(d: _MeshTraffic, rsag_codes) -> tuple[dict, dict, dict, dict]
     for r in rsag_codes:
         rs_bucket = comm.reduce_scatter(r, pl_grad, d.M_grad / d.zb)
         ag_grad_group = comm.all_gather(r, pl_grad, d.M_w) + d.copy_s / 2 * d.M_w
+        # A further parameter group's all-gather: its bytes are negligible, its hops are not.
+        ag_grad_group = ag_grad_group + (d.zc.gather_calls - 1) * comm.all_gather(r, pl_grad, 0.0)
         ag_block = comm.all_gather(r, pl_shard, d.M_w / d.n_blocks) + d.copy_s * d.M_w / d.n_blocks
         rs_block = comm.reduce_scatter(r, pl_shard, d.M_grad / d.n_blocks) + d.copy_s * d.M_grad / d.n_blocks
         ag_floor = ag_grad_group / d.n_blocks if d.zc.gather_hidden else ag_grad_group
