@@ -7,12 +7,14 @@ conventions: calibration/published_schema.py).
                        `exaplan validate --published` fits and predicts them
     held_out_runs()    published rows never fitted, only predicted (F: torchtitan on H100s,
                        G: BLOOM-176B with Megatron-DeepSpeed, on hardware that the machine
-                       presets only stand in for)
+                       presets only stand in for; I-K: MI250X, GH200 and Max 1550 rows of
+                       calibration/published_seed_hw.py)
 """
 
 from __future__ import annotations
 
 from calibration.published_extra import fitted_extra_runs, held_out_extra_runs
+from calibration.published_seed_hw import seed_hw_runs
 from calibration.published_schema import (  # noqa: F401 - the record's API, re-exported
     FRAMEWORK_SHARDINGS, FRAMEWORKS, PROFILE_OF, UNITS, FigureKind, FlopConvention, Framework, PublishedLayout,
     PublishedRun, gpt_model, llama_model, mpt_model,
@@ -170,4 +172,4 @@ def published_runs() -> list[PublishedRun]:
 
 def held_out_runs() -> list[PublishedRun]:
     """Published rows that no fit sees, predicted to check the model where it was not fitted."""
-    return held_out_extra_runs()
+    return held_out_extra_runs() + seed_hw_runs()

@@ -1,0 +1,93 @@
+"""The published rows on the seed systems' device kinds (calibration/published_seed_hw.py):
+each record consistent in itself, on a preset of the device kind it ran on, held out (never
+fitted), and predicted by the cost model as `exaplan validate --published` predicts held-out rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from calibration.published import PublishedLayout, PublishedRun, held_out_runs, published_runs
+from calibration.published_seed_hw import (
+    PRINTED_PARAMS_B,
+    SECTION_DEVICE,
+    seed_hw_run_records,
+    seed_hw_runs,
+)
+from calibration.validate_published import validate_held_out
+from machine_models import list_machines, load_machine
+from planner.cost.flops import total_params
+
+RECORDS = seed_hw_run_records()
+RUNS = seed_hw_runs()
+IDS = [r.id for r in RUNS]
+
+# Parameter counts the logs print for models without an entry in PRINTED_PARAMS_B.
+LOGGED_PARAMS = {
+    "bloom-176b": 173_427_208_192,  # lumi-llm-scaling 175B logs: DeepSpeed UNIQUE_PARAMS (vocab 51200)
+}
+
+
+def test_rows_validate_with_unique_ids():
+    assert len(RUNS) == len(RECORDS) >= 3
+    assert len(set(IDS)) == len(IDS)
+    assert {r.section for r in RUNS} == set(SECTION_DEVICE)
+
+
+@pytest.mark.parametrize("run", RUNS, ids=IDS)
+def test_record_is_consistent(run: PublishedRun):
+    lay = run.layout
+    assert run.id.startswith(run.section + "-")
+    assert lay.tp * lay.pp * lay.dp == run.gpus
+    assert lay.global_batch % (lay.dp * lay.micro_batch) == 0
+    assert run.source.strip() and run.note.strip()
+    assert run.figure > 0
+    if run.kind in ("model_tflops_per_gpu", "mfu"):
+        assert run.flop_convention != "none"
+
+
+@pytest.mark.parametrize("run", RUNS, ids=IDS)
+def test_machine_preset_is_the_device_kind_the_row_ran_on(run: PublishedRun):
+    assert run.machine in list_machines()
+    assert load_machine(run.machine).device_name == SECTION_DEVICE[run.section]
+
+
+@pytest.mark.parametrize("run", RUNS, ids=IDS)
+def test_assumed_fields_are_real_and_documented(run: PublishedRun):
+    for name in run.assumed:
+        head, _, rest = name.partition(".")
+        assert head in PublishedRun.model_fields, name
+        if head == "layout":
+            assert rest in PublishedLayout.model_fields, name
+        elif head == "model":
+            assert rest in type(run.model).model_fields, name
+        else:
+            assert not rest, name
+    # A stand-in preset is always declared, and the note says what differs.
+    if "machine" in run.assumed:
+        assert "stand" in run.note
+
+
+@pytest.mark.parametrize("run", [r for r in RUNS if r.model.name in PRINTED_PARAMS_B or r.model.name in LOGGED_PARAMS],
+                         ids=lambda r: r.id)
+def test_model_shape_matches_the_printed_parameter_count(run: PublishedRun):
+    expected = LOGGED_PARAMS.get(run.model.name) or PRINTED_PARAMS_B[run.model.name] * 1e9
+    assert total_params(run.model) == pytest.approx(expected, rel=0.01)
+
+
+def test_rows_are_held_out_not_fitted():
+    held = {r.id for r in held_out_runs()}
+    fitted = {r.id for r in published_runs()}
+    assert set(IDS) <= held
+    assert not set(IDS) & fitted
+
+
+def test_every_row_is_predicted():
+    rows = {r.id: r for r in validate_held_out()}
+    for rid in IDS:
+        row = rows[rid]
+        assert math.isfinite(row.predicted) and row.predicted > 0, rid
+        assert math.isfinite(row.error), rid
+        # These runs ran: the memory model must not say they do not fit.
+        assert row.fits_memory, f"{rid}: predicted not to fit in device memory"
