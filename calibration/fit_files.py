@@ -141,6 +141,8 @@ def _rewrite_block(text: str, device: str, figs: dict[str, float], note: list[st
         values["matmul_efficiency"] = f"{{peak_fraction: {figs['peak_fraction']:.3f}, half_dim: {figs['half_dim']:.1f}}}"
     if "attention_efficiency_factor" in figs:
         values["attention_efficiency_factor"] = f"{figs['attention_efficiency_factor']:.3f}"
+    if "elementwise_efficiency" in figs:
+        values["elementwise_efficiency"] = f"{figs['elementwise_efficiency']:.3f}"
     if "step_overhead_s" in figs:
         values["step_overhead_s"] = f"{figs['step_overhead_s']:.3f}"
     out, has_overhead = [], False

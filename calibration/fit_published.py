@@ -52,7 +52,7 @@ from planner.schema.specs import MachineModel
 
 # --- The figures, their bounds and first guesses ----------------------------------------------
 
-DEVICE_FIGURES = ("peak_fraction", "half_dim", "attention_efficiency_factor")
+DEVICE_FIGURES = ("peak_fraction", "half_dim", "attention_efficiency_factor", "elementwise_efficiency")
 FRAMEWORK_FIGURES = ("overlap_dp", "step_overhead_s")
 FIGURES = DEVICE_FIGURES + FRAMEWORK_FIGURES
 # This fit's bounds: the physical ones (planner/schema/figures.py) narrowed to what a GPU
@@ -66,6 +66,9 @@ BOUNDS = narrowed({
     # GEMM of its size. Lower, the factor stands for work that is not attention (at its old
     # floor, 0.2, it absorbed per-token work of the small-hidden rows).
     "attention_efficiency_factor": (0.3, 1.0),
+    # A copy reaches ~0.9 of HBM bandwidth (STREAM on H100); eager, unfused kernels ~0.15 of
+    # the fused count (compute.py). Outside that the figure would be absorbing other work.
+    "elementwise_efficiency": (0.15, 0.9),
     # Some traffic always shows (the first all-gather, the last reduce-scatter: the floors
     # of the cost model), and a framework that hid none of it would not prefetch at all.
     "overlap_dp": (0.1, 1.0),
@@ -78,8 +81,10 @@ FIRST_GUESSES = {
     # attention: FlashAttention-2 (backward counted as 2.5 x forward, as the cost model now
     # does) reaches 50-73% of A100 peak (Dao 2023) and about 35% of H100's (Shah et al. 2024),
     # against 75-80% for large GEMMs.
-    "NVIDIA H100 SXM5": {"peak_fraction": 0.75, "half_dim": 300.0, "attention_efficiency_factor": 0.45},
-    "NVIDIA A100 SXM4": {"peak_fraction": 0.8, "half_dim": 200.0, "attention_efficiency_factor": 0.75},
+    "NVIDIA H100 SXM5": {"peak_fraction": 0.75, "half_dim": 300.0, "attention_efficiency_factor": 0.45,
+                         "elementwise_efficiency": 0.6},
+    "NVIDIA A100 SXM4": {"peak_fraction": 0.8, "half_dim": 200.0, "attention_efficiency_factor": 0.75,
+                         "elementwise_efficiency": 0.6},
 }
 FRAMEWORK_FIRST_GUESSES = {fw: {"overlap_dp": 0.9, "step_overhead_s": 0.0} for fw in FRAMEWORKS}
 # The framework whose figures the shipped machine models carry: exaplan's runtime (torch
@@ -156,7 +161,7 @@ class StepTimes:
         self.evaluations = 0
 
     def base_step_s(self, run: PublishedRun, figs: dict[str, float]) -> float:
-        key = (run.id, figs["peak_fraction"], figs["half_dim"], figs["attention_efficiency_factor"], figs["overlap_dp"])
+        key = (run.id, *(figs[n] for n in DEVICE_FIGURES), figs["overlap_dp"])
         t = self.memo.get(key)
         if t is None:
             m = with_figures(self.machines[run.machine], {**figs, "step_overhead_s": 0.0})

@@ -3,9 +3,10 @@
 Each GEMM is timed as FLOPs / (peak * efficiency(d)), with d = (M N K)^(1/3) its size on one
 rank, so high tensor parallelism or a small micro-batch lands on the slow part of the
 machine's efficiency curve (planner.schema.specs.MatmulEfficiency). Elementwise work (norms,
-RoPE, activation, residual adds, unfused softmax) is memory-bound: bytes / memory bandwidth
-(the roofline's other side; Williams et al. 2009). Backward = 2 x forward for GEMMs and
-elementwise work; the attention core's backward is modelled by kernel (attention_core_time):
+RoPE, activation, residual adds, unfused softmax, the loss) is memory-bound: the bytes it
+must move / (memory bandwidth x elementwise_efficiency) (the roofline's other side; Williams
+et al. 2009; elementwise_time). Backward = 2 x forward for GEMMs and a block's elementwise
+work; the attention core's backward is modelled by kernel (attention_core_time):
 
     flash (FlashAttention-2, Dao 2023): forward 2 GEMMs (S = Q K^T, O = P V) over the causal
         half; backward recomputes S and P from the saved softmax statistics and runs dV, dP,
@@ -20,6 +21,19 @@ FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023) but about 35% of H100's 
 2024, FlashAttention-3: it predates Hopper's asynchronous tensor-core instructions, and the
 softmax exponentials, on units 256 x slower than H100's tensor cores, are not overlapped
 with its GEMMs), against 70-80% for large GEMMs: about 0.75 (A100) and 0.45 (H100).
+
+The elementwise bytes are the least a block's kernels must move, each op fused into one pass
+(elementwise_bytes); elementwise_efficiency, fitted per device kind, is the fraction of the
+memory bandwidth a training step's elementwise kernels reach on that count. It is well below
+a copy's ~0.9 (STREAM copy and triad reach 2.90-2.97 of H100's 3.35 TB/s): activation-sized
+tensors (tens of MB) pay each kernel's launch and tail, reductions (norm statistics, weight
+gradients) take extra passes, and the frameworks' eager ops move more than the count (an
+fp32 upcast and 4-5 kernels for one RMSNorm). Published microbenchmarks on the counted
+traffic: a fused RMSNorm kernel reaches 0.35 of H100's bandwidth and PyTorch's eager one
+0.15 (bf16, 4 x 4096 x 3072; huggingface kernel-skill, LTX-Video benchmarks); PyTorch's
+LayerNorm forward + backward about 0.32 of an A100 80GB's (fp16, 8192 x 4096: 509 us for
+5 passes of 67 MB; pytorch/pytorch#87445). Without this figure (at 1) the attention factor
+had absorbed the missing time and sat at its floor.
 """
 
 from __future__ import annotations
@@ -84,13 +98,18 @@ def dense_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: L
 
 
 def elementwise_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
-    """Bytes one block's memory-bound ops move in forward for one micro-batch on one rank.
+    """Bytes one block's memory-bound ops must move in forward for one micro-batch on one
+    rank, each op fused into one pass (the count elementwise_efficiency is fitted on).
 
     Two norms and two residual adds on the (sequence-parallel-split) residual stream
     (read+write: 2 + 3 accesses each), RoPE on Q and K (models with rotary positions; learned
     positions are added once, at the embedding), the MLP activation (reads gate and up,
     writes their product), and without a fused attention kernel the softmax over the s x s
-    scores (write scores, read, write probabilities, read for P V).
+    scores (write scores, read, write probabilities, read for P V). Backward is counted as
+    2 x this (layer_times); fused, it moves about 1.5 x: a norm's input gradient (read x and
+    dy, write dx) and weight gradient (read both again), 2.5 x its forward; the residual
+    gradients' sums (2 reads, 1 write), 1 x; the activation's gradient (its inputs and dy
+    read, one gradient per input written), 1.5-1.7 x.
     """
     T = tokens_per_microbatch(job, lay)
     B = bytes_per_element(job.precision)
@@ -107,26 +126,40 @@ def elementwise_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob,
     return total * B
 
 
+def elementwise_time(machine: MachineModel, nbytes) -> np.ndarray:
+    """Seconds to move `nbytes` through memory-bound elementwise kernels: bytes / (memory
+    bandwidth x elementwise_efficiency), the fraction of the copy bandwidth such kernels reach."""
+    return np.asarray(nbytes, dtype=np.float64) / (machine.memory_bandwidth_gbyte_s * 1e9 * machine.elementwise_efficiency)
+
+
 def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray]:
     """(forward_s, forward+backward+recompute_s) of one block for one micro-batch: GEMMs and
     elementwise work 3 x forward, the attention core 1 + attention_backward_ratio; full
     recompute repeats the forward, selective the attention core's."""
-    bw = machine.memory_bandwidth_gbyte_s * 1e9
     attn = attention_core_time(model, machine, job, lay)
     dense = dense_time(model, machine, job, lay)
-    elem = elementwise_bytes(model, machine, job, lay) / bw
+    elem = elementwise_time(machine, elementwise_bytes(model, machine, job, lay))
     forward = attn + dense + elem
     recompute = np.where(lay.recompute == RC_FULL, forward, np.where(lay.recompute == RC_SELECTIVE, attn, 0.0))
     return forward, 3.0 * (dense + elem) + (1.0 + attention_backward_ratio(machine)) * attn + recompute
 
 
+# Reads and writes of each fp32 logit by the loss, forward and backward. Megatron's
+# vocab-parallel cross-entropy: the cast to fp32 (1.5: a 16-bit read, a write), max (1),
+# subtract (2), exp (2), sum (1), divide (2); backward the product with the loss gradient (2)
+# and the cast back (1.5): 13. torch's eager cross-entropy: the cast (1.5), log-softmax (max,
+# sum of exponentials, write: 4); backward the nll's dense gradient (1), log-softmax's (3) and
+# the cast back (1.5): 11. 12 between them.
+LOSS_ACCESSES_PER_LOGIT = 12
+
+
 def head_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """Forward + backward of the output projection and the fp32 cross-entropy (vocab-parallel
-    over tp) for one micro-batch."""
+    over tp) for one micro-batch: LOSS_ACCESSES_PER_LOGIT fp32 passes over the logits."""
     T = tokens_per_microbatch(job, lay)
     gemm = gemm_time(machine, job, T, model.vocab_size / lay.tp, model.hidden)
-    softmax_bytes = 4 * 4 * T * model.vocab_size / lay.tp  # fp32 logits: write, read, write, read
-    return 3.0 * gemm + 2.0 * softmax_bytes / (machine.memory_bandwidth_gbyte_s * 1e9)
+    loss_bytes = LOSS_ACCESSES_PER_LOGIT * 4 * T * model.vocab_size / lay.tp
+    return 3.0 * gemm + elementwise_time(machine, loss_bytes)
 
 
 # Operators one block launches for one micro-batch: forward (two norms of ~6 ops, three QKV

@@ -62,6 +62,9 @@ _FIGURES = (
            (0.0, 4096.0), (0.0, None), "GEMM size at which half of peak_fraction is reached"),
     Figure("attention_efficiency_factor", lambda m: m.attention_efficiency_factor, _top("attention_efficiency_factor"),
            (0.05, 1.0), (0.0, 1.0), "attention core's efficiency relative to a GEMM of its size"),
+    # Never 0: elementwise time is bytes / (bandwidth x this figure).
+    Figure("elementwise_efficiency", lambda m: m.elementwise_efficiency, _top("elementwise_efficiency"),
+           (0.05, 1.0), (0.01, 1.0), "fraction of memory bandwidth the elementwise kernels reach"),
     Figure("overlap_dp", lambda m: m.overlap.dp, _nested("overlap", "dp"),
            (0.0, 1.0), (0.0, 1.0), "hidden fraction of data-parallel traffic"),
     Figure("step_overhead_s", lambda m: m.step_overhead_s, _top("step_overhead_s"),

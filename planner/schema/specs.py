@@ -153,6 +153,13 @@ class MachineModel(Spec):
                          "at least 0.3 for GPUs (calibration/fit_published.py)."
     )
     memory_bandwidth_gbyte_s: PosFloat = Field(description="Device memory bandwidth (GB/s) for elementwise ops and the optimizer.")
+    elementwise_efficiency: float = Field(
+        1.0, gt=0, le=1, description="Fraction of memory_bandwidth_gbyte_s that a block's memory-bound elementwise "
+                                     "kernels (norms, residual adds, activations, RoPE, layout copies, the loss's "
+                                     "softmax) reach on activation-sized tensors: launch and tail effects of many "
+                                     "small kernels, reduction passes. Fitted per device kind, 0.3-0.95 for GPUs "
+                                     "(calibration/fit_published.py); 1 (the default): the copy bandwidth."
+    )
     flash_attention: bool = Field(True, description="Fused attention that never stores the s x s scores.")
     intra_node_bandwidth_gbyte_s: PosFloat = Field(description="Intra-node fabric bandwidth per device per direction (GB/s).")
     intra_node_latency_us: PosFloat = Field(description="Latency of one intra-node message (microseconds).")

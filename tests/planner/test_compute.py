@@ -1,5 +1,6 @@
 """Compute time of a block (planner/cost/compute.py): the attention core's backward by kernel,
-elementwise traffic by what the model has, and the attention factor's place in it."""
+elementwise traffic by what the model has, at the device kind's elementwise efficiency, and
+the attention factor's place in it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from machine_models import load_machine
 from planner.cost import compute
 from planner.cost.layout import Layouts
 from planner.presets import get_model
+from planner.schema.figures import BOUNDS, FIGURES, with_figures
 from planner.schema.specs import Precision, TrainingJob
 
 MODEL = get_model("protein-7b")
@@ -24,7 +26,7 @@ def parts(machine, lay, model=MODEL, seq=4096):
     j = job(seq)
     attn = float(compute.attention_core_time(model, machine, j, lay)[0])
     dense = float(compute.dense_time(model, machine, j, lay)[0])
-    elem = float(compute.elementwise_bytes(model, machine, j, lay)[0]) / (machine.memory_bandwidth_gbyte_s * 1e9)
+    elem = float(compute.elementwise_time(machine, compute.elementwise_bytes(model, machine, j, lay))[0])
     f, fb = (float(x[0]) for x in compute.layer_times(model, machine, j, lay))
     return attn, dense, elem, f, fb
 
@@ -51,7 +53,8 @@ def test_unfused_attention_backward_is_twice_its_forward():
     flash_attn, _, flash_elem, _, _ = parts(H100, Layouts.one(dp=8, mbs=1))
     assert attn == pytest.approx(2 * flash_attn, **EXACT)
     scores = 32 * 4096 * 4096  # heads x s x s, one sequence
-    assert elem - flash_elem == pytest.approx(4 * scores * 2 / (H100.memory_bandwidth_gbyte_s * 1e9), rel=1e-9)
+    bandwidth = H100.memory_bandwidth_gbyte_s * 1e9 * H100.elementwise_efficiency
+    assert elem - flash_elem == pytest.approx(4 * scores * 2 / bandwidth, rel=1e-9)
 
 
 def test_attention_factor_scales_the_attention_core_only():
@@ -81,3 +84,66 @@ def test_attention_share_grows_with_sequence_over_hidden():
     lay = Layouts.one(dp=8, mbs=1)
     shares = [a / f for a, _, _, f, _ in (parts(H100, lay, seq=s) for s in (512, 2048, 8192))]
     assert shares == sorted(shares) and shares[-1] > 2 * shares[0]
+
+
+def test_elementwise_time_is_bytes_over_bandwidth_times_efficiency():
+    """Memory-bound: bytes / (HBM bandwidth x elementwise_efficiency), nothing else."""
+    for eff in (1.0, 0.5, 0.3):
+        m = H100.model_copy(update={"elementwise_efficiency": eff})
+        t = float(compute.elementwise_time(m, 1e9))
+        assert t == pytest.approx(1e9 / (H100.memory_bandwidth_gbyte_s * 1e9 * eff), **EXACT)
+    lay = Layouts.one(dp=8, mbs=1)
+    nbytes = compute.elementwise_bytes(MODEL, H100, job(), lay)
+    _, _, elem, _, _ = parts(H100, lay)
+    assert elem == pytest.approx(float(nbytes[0]) / (H100.memory_bandwidth_gbyte_s * 1e9 * H100.elementwise_efficiency),
+                                 **EXACT)
+
+
+def test_elementwise_efficiency_scales_the_elementwise_work_only():
+    """Halving the figure doubles the block's elementwise time and the loss's, and touches
+    neither the GEMMs nor the attention core; the byte count does not depend on it."""
+    lay = Layouts.one(dp=8, mbs=1)
+    slow = with_figures(H100, {"elementwise_efficiency": H100.elementwise_efficiency / 2})
+    a1, d1, e1, f1, fb1 = parts(H100, lay)
+    a2, d2, e2, f2, fb2 = parts(slow, lay)
+    assert (a2, d2) == (a1, d1)
+    assert e2 == pytest.approx(2 * e1, **EXACT)
+    assert f2 - f1 == pytest.approx(e1, **EXACT)
+    assert fb2 - fb1 == pytest.approx(3 * e1, **EXACT)  # forward + 2 x forward backward
+    j = job()
+    assert float(compute.elementwise_bytes(MODEL, slow, j, lay)[0]) == float(compute.elementwise_bytes(MODEL, H100, j, lay)[0])
+    T, V = 4096, MODEL.vocab_size
+    loss = compute.LOSS_ACCESSES_PER_LOGIT * 4 * T * V / (H100.memory_bandwidth_gbyte_s * 1e9 * H100.elementwise_efficiency)
+    h1, h2 = (float(compute.head_time(MODEL, m, j, lay)[0]) for m in (H100, slow))
+    assert h2 - h1 == pytest.approx(loss, rel=1e-9)
+
+
+def test_no_elementwise_traffic_costs_nothing():
+    """Zero bytes take no time at any efficiency; traffic a model does not have (RoPE with
+    learned positions, the scores' softmax under flash attention) is not slowed by it."""
+    for eff in (1.0, 0.05):
+        m = H100.model_copy(update={"elementwise_efficiency": eff})
+        assert float(compute.elementwise_time(m, [0.0])[0]) == 0.0
+    lay = Layouts.one(dp=8, mbs=1)
+    learned = MODEL.model_copy(update={"position": "learned"})
+    slow = H100.model_copy(update={"elementwise_efficiency": 0.1})
+    for m in (H100, slow):
+        rope = parts(m, lay)[2] - parts(m, lay, model=learned)[2]
+        T, h, kv = 4096, MODEL.hidden, MODEL.kv_heads * MODEL.head_dim
+        assert rope == pytest.approx(2 * T * (h + kv) * 2 / (m.memory_bandwidth_gbyte_s * 1e9 * m.elementwise_efficiency), rel=1e-9)
+    # Flash attention moves no scores: its elementwise bytes do not grow with s^2 / h.
+    j1, j2 = job(2048), job(4096)
+    b1, b2 = (float(compute.elementwise_bytes(learned, H100, j, lay)[0]) for j in (j1, j2))
+    assert b2 == pytest.approx(2 * b1, **EXACT)
+
+
+def test_elementwise_efficiency_is_a_bounded_figure():
+    """A fitted figure with physical bounds: clamped to (0.01, 1] when written, and never a
+    division by zero; the default (1: the copy bandwidth) keeps machines without a fit as
+    they were."""
+    fig = FIGURES["elementwise_efficiency"]
+    assert BOUNDS["elementwise_efficiency"] == (0.05, 1.0)
+    assert with_figures(H100, {"elementwise_efficiency": 0.0}).elementwise_efficiency == fig.clamp[0] > 0
+    assert with_figures(H100, {"elementwise_efficiency": 3.0}).elementwise_efficiency == 1.0
+    assert H100.model_copy(update={"elementwise_efficiency": 1.0}).elementwise_efficiency == 1.0
+    assert 0.05 <= H100.elementwise_efficiency <= 1.0
