@@ -6,10 +6,10 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from runtime.options import DESCRIPTION, add_run_arguments
+    from runtime.options import DESCRIPTION, EPILOG, add_run_arguments
 
     r = sub.add_parser("run", help="train the protein LM with a plan (torch.distributed; `exaplan run --help`)",
-                       description=DESCRIPTION)
+                       description=DESCRIPTION, epilog=EPILOG)
     add_run_arguments(r)
 
 
@@ -24,6 +24,6 @@ def run(args: argparse.Namespace) -> int:
     if launch.detect() is not None:
         from runtime import trainer
 
-        return trainer.train(args)
+        return trainer.run_rank(args)
     check_before_launch(args, plan)
-    return launch.spawn_local(plan, args.argv[args.argv.index("run") + 1:])
+    return launch.spawn_local(plan, args.argv[args.argv.index("run") + 1:], out=args.out)

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan
@@ -85,8 +86,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_local(plan: Plan, trainer_args: list[str]) -> int:
-    """Start the plan's ranks on this machine through torchrun; returns the exit code."""
+def spawn_local(plan: Plan, trainer_args: list[str], out: str | Path | None = None) -> int:
+    """Start the plan's ranks on this machine through torchrun; returns the exit code.
+
+    SIGUSR1 and SIGTERM sent to this process go on to the ranks (runtime/walltime.py), which
+    save and exit; their exit becomes EXIT_REQUEUE (85) when rank 0 recorded the stop in
+    OUT/stopped.json (torchrun itself reports any non-zero exit of a rank as 1)."""
+    from runtime.options import EXIT_REQUEUE
+    from runtime.startup import raise_nofile_limit
+    from runtime.walltime import STOPPED_FILE, Forwarder, ignore_stop_signals
+
     if plan.nodes != 1:
         raise PlanError(f"this plan spans {plan.nodes} nodes: start it on every node with srun, mpiexec or torchrun "
                         f"(each process then runs as one rank)", field="nodes")
@@ -95,7 +104,18 @@ def spawn_local(plan: Plan, trainer_args: list[str]) -> int:
            "-m", "runtime.trainer", *trainer_args]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.ranks_per_node)))
-    return subprocess.call(cmd, env=env)
+    # torchrun keeps SIGTERM ignored (it would otherwise kill the ranks 30 s later, mid-save).
+    env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"
+    raise_nofile_limit()  # inherited by torchrun and the ranks
+    stopped = Path(out) / STOPPED_FILE if out is not None else None
+    if stopped is not None:
+        stopped.unlink(missing_ok=True)  # a previous segment's
+    with Forwarder() as fwd:
+        fwd.proc = subprocess.Popen(cmd, env=env, preexec_fn=ignore_stop_signals)
+        code = fwd.proc.wait()
+    if code != 0 and stopped is not None and stopped.exists():
+        return EXIT_REQUEUE
+    return code
 
 
 def device_and_backend() -> tuple[str, str]:
@@ -133,5 +153,8 @@ def init_distributed(plan: Plan, renv: RankEnv):
         local = renv.local_world_size or plan.ranks_per_node
         torch.set_num_threads(max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // local))
     if not dist.is_initialized():
+        from runtime.startup import warn_somaxconn
+
+        warn_somaxconn(renv.rank, renv.world_size)  # every rank connects to the store at once
         dist.init_process_group(backend=backend, rank=renv.rank, world_size=renv.world_size)
     return device

@@ -220,6 +220,16 @@ class MetricsWriter:
             self._tb.add_scalar("val/loss", record["val_loss"], record["step"])
         return record
 
+    def log_event(self, kind: str, step: int, **fields) -> dict[str, Any]:
+        """A record of what happened to the run: {"kind": "resume", step, sample, checkpoint}
+        when it continues from a checkpoint; {"kind": "stop", step, reason, resume_step,
+        checkpoint, exit_code} when a signal stopped it (runtime/walltime.py)."""
+        if not self.enabled:
+            return {}
+        record = {"kind": kind, "step": int(step), **fields, "time": time.time()}
+        self._emit(record)
+        return record
+
     def log_dpo_step(self, step: int, stats: dict[str, float]) -> dict[str, Any]:
         """DPO metrics of one step (runtime/dpo.py STAT_KEYS, means over the global batch's
         pairs), next to its "train" record: {"kind": "dpo", step, loss, reward_accuracy,
@@ -342,6 +352,31 @@ class MetricsWriter:
         t.caption = (f"loss {fmt(s['first_loss'], '.4f')} -> {fmt(s['final_loss'], '.4f')}, validation "
                      f"{fmt(s['val_loss'], '.4f')}; error = measured / predicted - 1; memory: {s['peak_memory_measures']}")
         (self.console or Console()).print(t)
+
+
+def truncate_after(path: str | Path, step: int) -> int:
+    """Drop the per-step records (train, validation, samples, dpo, ...) of steps >= `step` from a
+    metrics.jsonl, atomically: what a resumed run will log again from that checkpoint step.
+    Events (resume, stop) are kept. Returns the number of records dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a crash
+            dropped += 1
+            continue
+        if record.get("kind") not in ("resume", "stop") and int(record.get("step", -1)) >= step:
+            dropped += 1
+            continue
+        kept.append(line)
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped
 
 
 def _default_device() -> str:

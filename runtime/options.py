@@ -10,9 +10,19 @@ from pathlib import Path
 
 from planner.schema.errors import PlanError
 
+# The exit code of a run stopped by the scheduler's signal (SIGUSR1 or SIGTERM) after saving a
+# complete checkpoint: the job script requeues and continues with --resume (runtime/walltime.py).
+EXIT_REQUEUE = 85
+
 DESCRIPTION = ("Train the protein LM as the plan says. On a workstation this starts the plan's ranks through "
                "torchrun; under torchrun, srun, mpiexec or PBS/PALS every process runs as one rank. Writes "
-               "metrics.jsonl, TensorBoard events, checkpoints and summary.json (measured against predicted) in --out.")
+               "metrics.jsonl, TensorBoard events, checkpoints, summary.json (measured against predicted) and "
+               "logs/rank-N.log (each rank's stdout and stderr) in --out.")
+
+EPILOG = (f"Walltime: on SIGUSR1 or SIGTERM every rank finishes its optimizer step, the ranks agree, save a complete "
+          f"checkpoint, record why they stopped (metrics.jsonl, summary.json, OUT/stopped.json) and exit with "
+          f"{EXIT_REQUEUE} (EXIT_REQUEUE): requeue the job with --resume to continue (e.g. Slurm "
+          f"`--signal=USR1@120`). Exit codes: 0 done, 2 bad input, {EXIT_REQUEUE} stopped for requeue, other: failed.")
 
 
 def add_run_arguments(ap: argparse.ArgumentParser) -> None:
@@ -50,7 +60,7 @@ def add_run_arguments(ap: argparse.ArgumentParser) -> None:
 
 def parse_run_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options of one rank (usage errors exit 2, as argparse does)."""
-    ap = argparse.ArgumentParser(prog="exaplan run", description=DESCRIPTION)
+    ap = argparse.ArgumentParser(prog="exaplan run", description=DESCRIPTION, epilog=EPILOG)
     add_run_arguments(ap)
     return ap.parse_args(argv)
 

@@ -28,18 +28,39 @@ def lr_at(step: int, args) -> float:
 def main(argv: list[str] | None = None) -> int:
     """One rank of `exaplan run` (what torchrun starts: `python -m runtime.trainer PLAN ...`)."""
     from runtime.options import check_run_args, parse_run_args
+    from runtime.walltime import StopSignal
 
+    stop = StopSignal().install()  # first: a signal during start-up is kept, not fatal
     try:
         args = parse_run_args(argv)
         check_run_args(args)
-        return train(args)
+        return run_rank(args, stop)
     except PlanError as e:
         print(f"exaplan run: error: {e}", file=sys.stderr)
         return 2
 
 
-def train(args) -> int:
-    """Apply the plan in its numbered steps; the helpers below do one step (or a few) each."""
+def run_rank(args, stop=None) -> int:
+    """This process as one rank of a launched job (torchrun, srun, mpiexec): the stop signals
+    handled, the open-files limit raised, stdout and stderr also to OUT/logs/rank-N.log; then
+    `train`. Returns 0, or EXIT_REQUEUE (85) when a signal stopped the run after a checkpoint."""
+    from runtime import launch
+    from runtime.startup import raise_nofile_limit, tee_rank_log
+    from runtime.walltime import StopSignal
+
+    renv = launch.detect()
+    stop = stop or StopSignal().install()
+    stop.rank = renv.rank if renv is not None else None
+    raise_nofile_limit()
+    if renv is not None:
+        tee_rank_log(Path(args.out), renv.rank)
+    return train(args, stop)
+
+
+def train(args, stop=None) -> int:
+    """Apply the plan in its numbered steps; the helpers below do one step (or a few) each.
+    `stop` (runtime/walltime.StopSignal): a recorded SIGUSR1/SIGTERM stops the run after the
+    step in progress, all ranks together, with a checkpoint (returns EXIT_REQUEUE)."""
     import torch.distributed as dist
 
     from runtime.mesh import build_mesh
@@ -69,7 +90,7 @@ def train(args) -> int:
         task = DPOTask(args, plan, mesh, device, parts, handles, out, build_model)
     else:
         task = _Pretrain(args, plan, mesh, device, parts, handles, out, rank)
-    run = _Run(args, plan, mesh, device, rank, parts, handles, optimizers, task, out / "checkpoints")
+    run = _Run(args, plan, mesh, device, rank, parts, handles, optimizers, task, out / "checkpoints", stop=stop)
 
     # 8. Resume: model, optimizer, data position, RNG (reshards to this layout).
     start_step = _resume(run) if args.resume else 0
@@ -83,7 +104,8 @@ def train(args) -> int:
     else:
         # 9. Train: micro-batches accumulate without synchronising until the last one.
         for step in range(start_step, args.steps):
-            _train_step(run, step)
+            if _train_step(run, step):  # the ranks agreed to stop (a signal): save, exit 85
+                return _stop_for_requeue(run, step, owns_group)
 
         # 10. The end: last checkpoint, validation, measured against predicted.
         val = task.validate()
@@ -134,6 +156,8 @@ class _Run:
     task: Any
     ckpt_dir: Path
     writer: Any = None
+    stop: Any = None  # runtime/walltime.StopSignal, or None
+    resumed: dict | None = None  # checkpoint, step, sample: when resumed
 
     @property
     def optimizer(self):
@@ -156,7 +180,11 @@ def _resume(run: _Run) -> int:
         raise PlanError(f"--resume: no complete checkpoint in {run.ckpt_dir}", field="resume")
     extra = checkpoint.load(latest, run.parts, run.optimizer, seed=run.args.seed)
     run.task.load_state_dict(extra["data"])
-    return int(extra["step"])
+    step = int(extra["step"])
+    run.resumed = {"checkpoint": str(latest), "step": step, "sample": extra["data"].get("sample")}
+    if run.rank == 0:
+        print(f"resumed from {latest}: step {step}, sample {run.resumed['sample']} of the training stream", flush=True)
+    return step
 
 
 def _open_run_folder(run: _Run, out: Path):
@@ -166,18 +194,24 @@ def _open_run_folder(run: _Run, out: Path):
 
     if not run.args.resume and run.rank == 0:
         (out / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run starts a fresh log
+    if run.resumed and run.rank == 0:  # the steps after the checkpoint are logged again: drop their records
+        metrics.truncate_after(out / "metrics.jsonl", run.resumed["step"])
     if run.rank == 0:
         import shutil
 
         out.mkdir(parents=True, exist_ok=True)
         if Path(run.args.plan).resolve() != (out / "plan.yaml").resolve():
             shutil.copyfile(run.args.plan, out / "plan.yaml")
-    return metrics.MetricsWriter(out, run.plan, enabled=run.rank == 0, device=run.device)
+    writer = metrics.MetricsWriter(out, run.plan, enabled=run.rank == 0, device=run.device)
+    if run.resumed:
+        writer.log_event("resume", **run.resumed)
+    return writer
 
 
-def _train_step(run: _Run, step: int) -> None:
+def _train_step(run: _Run, step: int) -> bool:
     """Step 9, once: the learning rate, forward and backward, clipping, the optimizer step;
-    then the step's metrics, validation and checkpoint when due."""
+    then the step's metrics, validation and checkpoint when due. Returns whether the ranks
+    agreed to stop (a signal on any rank: its flag rides in the peak-memory all-reduce)."""
     import torch
 
     from runtime import metrics
@@ -200,7 +234,8 @@ def _train_step(run: _Run, step: int) -> None:
     step_time = time.perf_counter() - t0
     phases = {"forward_backward_s": t1 - t0, "clip_s": t2 - t1, "optimizer_s": t0 + step_time - t2}
     loss, stats = task.step_metrics()  # the global batch's loss (and the DPO metrics)
-    peak = _max_over_ranks(metrics.peak_memory_bytes(run.device), run.device)
+    peak, stopping = _max_over_ranks([metrics.peak_memory_bytes(run.device), run.stop.flag if run.stop else 0],
+                                     run.device)
     writer.log_step(step, loss, task.tokens_per_step, step_time, peak, lr_at(step, args), grad_norm, phases=phases)
     if stats:
         writer.log_dpo_step(step, stats)
@@ -210,10 +245,37 @@ def _train_step(run: _Run, step: int) -> None:
     if run.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
         more = f"  reward acc {stats['reward_accuracy']:.3f}  margin {stats['reward_margin']:+.4f}" if stats else ""
         print(f"step {step:5d}  loss {loss:.4f}{more}  {step_time * 1e3:8.1f} ms/step", flush=True)
+    if stopping:
+        return True
     if args.val_every and (step + 1) % args.val_every == 0 and step + 1 < args.steps:
         _log_validation(writer, step, task.validate())
     if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
         run.save(step + 1)
+    return False
+
+
+def _stop_for_requeue(run: _Run, step: int, owns_group: bool) -> int:
+    """A signal stopped the run after `step`: every rank saves the checkpoint of step + 1;
+    rank 0 records why (metrics.jsonl, summary.json, OUT/stopped.json). EXIT_REQUEUE."""
+    import torch.distributed as dist
+
+    from runtime.options import EXIT_REQUEUE
+    from runtime.walltime import write_stopped
+
+    reason = (run.stop.requested if run.stop else None) or "a signal on another rank"
+    run.save(step + 1)
+    ckpt = run.ckpt_dir / f"step-{step + 1:08d}"
+    if run.rank == 0:
+        info = {"reason": reason, "resume_step": step + 1, "checkpoint": str(ckpt), "exit_code": EXIT_REQUEUE}
+        run.writer.log_event("stop", step, **info)
+        run.writer.finish({"stopped": info})
+        write_stopped(run.ckpt_dir.parent, reason, step, ckpt, EXIT_REQUEUE)
+        print(f"stopped by {reason} after step {step}: checkpoint {ckpt} is complete; exit {EXIT_REQUEUE} "
+              f"(requeue with --resume)", flush=True)
+    dist.barrier()  # no rank exits before rank 0 has recorded the stop (a launcher ends the others then)
+    if owns_group:
+        dist.destroy_process_group()
+    return EXIT_REQUEUE
 
 
 def _log_validation(writer, step: int, val) -> None:
@@ -399,13 +461,14 @@ def _global_loss(loss, mesh, device) -> float:
     return float(t) / mesh["dp_cp"].size()
 
 
-def _max_over_ranks(value: int, device) -> int:
+def _max_over_ranks(values: list[int], device) -> list[int]:
+    """The maxima over all ranks of a few integers, in one all-reduce."""
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t)
+    return [int(v) for v in t.tolist()]
 
 
 if __name__ == "__main__":

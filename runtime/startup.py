@@ -1,0 +1,97 @@
+"""Start-up precautions of every rank (and of the `exaplan run` parent), from the seed
+documents' lessons at scale:
+
+- `raise_nofile_limit`: the soft limit on open files raised to the hard one (`ulimit -n`): a
+  rank holds a socket per peer it talks to, and thousands of ranks reach the default 1024;
+- `warn_somaxconn`: the rank hosting the rendezvous store (rank 0) accepts a connection from
+  every rank at once; a listen backlog (`/proc/sys/net/core/somaxconn`) below that count makes
+  connections wait for SYN retries (seconds each) or time out. Warned once, on rank 0;
+- `tee_rank_log`: each rank's stdout and stderr also go to OUT/logs/rank-N.log (appended, so
+  a requeued job's ranks continue their logs), through a `tee` process per stream that
+  outlives a crashed rank and so keeps its last words. Under torchrun, srun or mpiexec alike.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
+
+
+def raise_nofile_limit() -> tuple[int, int] | None:
+    """Soft RLIMIT_NOFILE up to the hard limit; returns (old soft, new soft), None where the
+    platform has no `resource` module."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft >= hard:
+        return soft, soft
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, target
+
+
+def somaxconn_warning(connecting: int, path: Path = SOMAXCONN) -> str | None:
+    """The warning when the listen backlog is below the ranks that connect to the store."""
+    try:
+        backlog = int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if backlog >= connecting:
+        return None
+    return (f"warning: {path} is {backlog}, below the {connecting} ranks that connect to the rendezvous store at "
+            f"once: connections beyond the backlog wait for SYN retries or time out. Raise it on the store's host "
+            f"(sysctl -w net.core.somaxconn={max(4096, connecting)}; the site's admins) or start fewer ranks per store")
+
+
+def warn_somaxconn(rank: int, connecting: int) -> None:
+    if rank == 0:
+        msg = somaxconn_warning(connecting)
+        if msg:
+            print(msg, file=sys.stderr, flush=True)
+
+
+def tee_rank_log(out: Path, rank: int) -> Path | None:
+    """Duplicate this process's stdout and stderr (file descriptors 1 and 2, so that C
+    libraries' output is caught too) into OUT/logs/rank-N.log. Returns the log's path, or None
+    when `tee` is missing or EXAPLAN_RANK_LOGS=0."""
+    if os.environ.get("EXAPLAN_RANK_LOGS", "1") == "0" or shutil.which("tee") is None:
+        return None
+    log = Path(out) / "logs" / f"rank-{rank}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    for fd in (1, 2):
+        # tee ignores the stop signals and SIGINT (it ends when the rank closes the pipe), so a
+        # signal to the whole process tree does not break the rank's output.
+        original = os.dup(fd)
+        tee = subprocess.Popen(["tee", "-a", str(log)], stdin=subprocess.PIPE, stdout=original,
+                               preexec_fn=_ignore_signals, close_fds=True)
+        os.close(original)
+        os.dup2(tee.stdin.fileno(), fd)
+        tee.stdin.close()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError):
+            pass
+    return log
+
+
+def _ignore_signals() -> None:
+    import signal
+
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
