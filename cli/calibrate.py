@@ -24,7 +24,24 @@ def add_parser(sub) -> None:
                    help="YAML to write (default machine_models/local.yaml, which `--machine local` then uses)")
     k.add_argument("--from-runs", nargs="+", metavar="DIR",
                    help="refit from these `exaplan run` output folders instead of measuring")
+    arr = k.add_argument_group("calibrate on arrival (--arrival: calibration/arrival.py)")
+    arr.add_argument("--arrival", action="store_true",
+                     help="measure, run a short validation sweep of --layouts layouts through `exaplan run`, refit from "
+                          "those runs, and leave OUT/fitted.yaml, validation.csv/.png and README.md in --out. On N "
+                          "nodes: once per job from the first node, with --launcher")
+    arr.add_argument("--out", metavar="DIR", help="with --arrival: output folder (required)")
+    arr.add_argument("--layouts", type=int, default=None, help="with --arrival: layouts in the sweep (default 4)")
+    arr.add_argument("--steps", type=int, default=None, help="with --arrival: steps per layout (default 8, at least 3)")
+    arr.add_argument("--nodes", type=int, default=None, help="with --arrival: nodes (default 1; more need --launcher)")
+    arr.add_argument("--model", default=None, help="with --arrival: model of the sweep (default protein-small)")
+    arr.add_argument("--launcher", default=None, metavar="CMD",
+                     help="with --arrival: the command that starts one process per device on every node, e.g. "
+                          "\"srun --ntasks-per-node 8\" or \"mpiexec -n 24 --ppn 12\" (default: EXAPLAN_LAUNCHER; "
+                          "none on one node: local ranks)")
     add_json_option(k)
+
+
+ARRIVAL_ONLY = ("out", "layouts", "steps", "nodes", "model", "launcher")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks <= 0:
         raise PlanError("must be a positive number of ranks", field="ranks")
+    if args.arrival:
+        return _arrival(args)
+    for name in ARRIVAL_ONLY:
+        if getattr(args, name) is not None:
+            raise PlanError("only with --arrival", field=f"--{name}")
     out = Path(args.output) if args.output else PRESET_DIR / "local.yaml"
     base = load_machine(args.base) if args.base else detect_local_machine(args.ranks)
     if args.from_runs:
@@ -51,6 +73,35 @@ def run(args: argparse.Namespace) -> int:
             f"{m.matmul_efficiency.peak_fraction:.2f} (half at d = {m.matmul_efficiency.half_dim:.0f}); memory "
             f"{m.memory_bandwidth_gbyte_s:.1f} GB/s; collectives alpha {m.intra_node_latency_us:.0f} us, "
             f"beta {m.intra_node_bandwidth_gbyte_s:.2f} GB/s per rank")
+    return 0
+
+
+def _arrival(args) -> int:
+    """`--arrival`: calibration/arrival.py; every option checked before anything is written."""
+    from calibration.arrival import Arrival, launcher_from, run_arrival
+
+    if args.from_runs:
+        raise PlanError("--arrival makes its own runs; leave out --from-runs", field="--from-runs")
+    if args.output:
+        raise PlanError("--arrival writes OUT/fitted.yaml: give --out DIR instead", field="--output")
+    if not args.out:
+        raise PlanError("--arrival needs an output folder", field="--out")
+    a = Arrival(Path(args.out), ranks=args.ranks, nodes=1 if args.nodes is None else args.nodes,
+                layouts=4 if args.layouts is None else args.layouts, steps=8 if args.steps is None else args.steps,
+                model=args.model or "protein-small", base=args.base, quick=args.quick,
+                launcher=launcher_from(args.launcher))
+    a.check()
+    result = run_arrival(a, progress=not args.json)
+    if args.json:
+        print_json(result)
+        return 0
+    c = console()
+    c.print(f"wrote {a.out}/fitted.yaml, validation.csv" + (", validation.png" if result["plot"] else "")
+            + f" and README.md in {result['wall_s']:.0f} s")
+    c.print(f"median |step-time error| over {sum(r['status'] == 'ok' for r in result['rows'])} layouts: "
+            f"{result['median_abs_step_error']:.1%} from the microbenchmarks, {result['median_abs_fitted_error']:.1%} "
+            f"after the refit")
+    c.print(f"next: exaplan plan --model M --machine {a.out}/fitted.yaml --nodes N")
     return 0
 
 
