@@ -93,3 +93,21 @@ def test_arrival_end_to_end_leaves_a_machine_that_plans(tmp_path):
     plan = sh("plan", "--machine", str(out / "fitted.yaml"), "--model", "protein-tiny", "--nodes", "1",
               "-o", str(tmp_path / "plan.yaml"))
     assert (tmp_path / "plan.yaml").exists(), plan.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_arrival_through_a_launcher(tmp_path):
+    """What a multi-node job does (once per job, the measurement and every run started through
+    the launcher), with torchrun standing in for srun/mpiexec on 2 local ranks."""
+    from runtime.launch import free_port
+
+    launcher = (f"{sys.executable} -m torch.distributed.run --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d "
+                f"--rdzv-endpoint 127.0.0.1:{free_port()} --no-python")
+    out = tmp_path / "calib"
+    sh("calibrate", "--arrival", "--out", str(out), "--layouts", "2", "--steps", "3", "--quick", "--model",
+       "protein-tiny", "--launcher", launcher)
+    assert "torch.distributed.run" in (out / "logs" / "measure.log").read_text().splitlines()[0]
+    assert "torch.distributed.run" in (out / "runs" / "fsdp" / "run.log").read_text().splitlines()[0]
+    sh("plan", "--machine", str(out / "fitted.yaml"), "--model", "protein-tiny", "--nodes", "1",
+       "-o", str(tmp_path / "plan.yaml"))
