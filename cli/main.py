@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import calibrate, capacity, data, estimate, explain, plan, presets, run, schema, validate
+from cli import calibrate, capacity, data, estimate, explain, launch, plan, presets, run, schema, validate
 from planner.schema.errors import PlanError
 
 # In the order `exaplan --help` lists them.
 SUBCOMMANDS = {"plan": plan, "estimate": estimate, "explain": explain, "schema": schema, "validate": validate,
-               "calibrate": calibrate, "capacity": capacity, "run": run, "data": data, "list": presets}
+               "calibrate": calibrate, "capacity": capacity, "run": run, "launch": launch, "data": data, "list": presets}
 
 EPILOG = """examples:
   exaplan plan --model protein-3.5b --machine aurora --nodes 3200

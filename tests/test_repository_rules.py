@@ -5,6 +5,8 @@
   nothing from the rest of runtime/;
 - machine_models/ imports from the rest of exaplan only the schema;
 - calibration/ may import planner/, runtime/ and machine_models/; only cli/ imports calibration/;
+- launch/ imports from exaplan only planner/schema/ and machine_models/ (no torch); only cli/
+  imports launch/;
 - no import cycles between files (imports under `if TYPE_CHECKING:` aside; imports inside
   functions count: a lazy import still ties the files together);
 - files of at most 500 lines, functions of at most 80 unless the docstring says why
@@ -20,7 +22,7 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli")
+PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli", "launch")
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTION_NOTE = "Why one function:"
@@ -144,6 +146,18 @@ def test_machine_models_import_only_the_schema():
 def test_only_the_cli_imports_calibration():
     assert _violations(lambda m, n: _top(n) == "calibration" and _top(m) not in ("calibration", "cli")) == []
     assert _violations(lambda m, n: _top(n) == "cli" and _top(m) != "cli") == []
+
+
+def test_launch_imports_only_the_schema_and_machine_models():
+    def rule(m, n):
+        if _top(m) != "launch":
+            return False
+        if _top(n) == "torch" or _top(n) in ("runtime", "calibration", "cli"):
+            return True
+        return _top(n) == "planner" and not (n == "planner.schema" or n.startswith("planner.schema."))
+
+    assert _violations(rule) == []
+    assert _violations(lambda m, n: _top(n) == "launch" and _top(m) not in ("launch", "cli")) == []
 
 
 def test_no_import_cycles_between_files():

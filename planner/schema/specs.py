@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.schema.launch import LaunchSettings
 from planner.schema.vocab import VOCAB_SIZE
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -200,6 +201,9 @@ class MachineModel(Spec):
     memory_reserve_gib: float = Field(2.0, ge=0, description="Per device: runtime context, workspace (GiB).")
     fragmentation_fraction: Fraction = Field(0.1, description="Extra fraction of allocated memory lost to fragmentation.")
     calibrated: bool = Field(False, description="True when the efficiency figures were measured or fitted.")
+    launch: LaunchSettings | None = Field(
+        None, exclude=True, description="How jobs start on this machine (`exaplan launch`; planner/schema/launch.py). "
+                                        "Not written into plan files, nor into their content hash.")
 
     @model_validator(mode="after")
     def _check(self) -> "MachineModel":

@@ -1,0 +1,77 @@
+"""`exaplan launch PLAN -o job.sh`: a job script that runs the plan on a supercomputer (Slurm,
+PBS Pro or torchrun), and `exaplan launch --calibrate --machine M --nodes N -o calib.sh`: a job
+that calibrates a new machine on arrival. The work is in launch/."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli.common import command_line
+from planner.schema.errors import PlanError
+
+EPILOG = """examples:
+  exaplan plan --model protein-3.5b --machine frontier --nodes 64 -o plan.yaml
+  exaplan launch plan.yaml --account BIF148 --walltime 02:00:00 -o job.sh && sbatch job.sh
+  exaplan launch plan.yaml --scheduler pbs --account MyProject --queue prod -o job.sh && qsub job.sh
+  exaplan launch plan.yaml --scheduler torchrun -o job.sh      (then on every node: NODE_RANK=i bash job.sh)
+  exaplan launch --calibrate --machine lumi --nodes 2 --account project_465000000 -o calib.sh
+  exaplan launch plan.yaml -o job.sh --run-args="--steps 5000 --ckpt-every 500"   (options of exaplan run)
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("launch", help="write a job script that runs a plan (or calibrates a machine) on a cluster",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                       description="Write one job script for Slurm, PBS Pro or torchrun from a plan and the machine "
+                                   "file's launch: section: scheduler header, binding, the library and fabric "
+                                   "environment, raised open-file limit, the environment staged on node-local "
+                                   "storage, per-rank logs, a checkpoint before the walltime and a requeue that "
+                                   "resumes.")
+    p.add_argument("plan", nargs="?", help="plan file (`exaplan plan ... -o plan.yaml`)")
+    p.add_argument("--scheduler", help="pbs, slurm or torchrun (default: the machine file's default_scheduler)")
+    p.add_argument("--machine", help="machine preset or YAML with a launch: section (default: the plan's machine)")
+    p.add_argument("--account", help="account/project to charge")
+    p.add_argument("--queue", help="queue (PBS) or partition (Slurm)")
+    p.add_argument("--walltime", help="HH:MM:SS (default: the machine file's default_walltime)")
+    p.add_argument("--out", help="output folder of the run (default runs/MODEL-MACHINE-Nn)")
+    p.add_argument("--stage-env", default="auto", help="auto: pack this Python environment once and run from "
+                                                      "node-local copies; off: run from where it is")
+    p.add_argument("--container", metavar="IMAGE", help="run the ranks in this container image (.sif)")
+    p.add_argument("--calibrate", action="store_true", help="a calibrate-on-arrival job instead of a training run")
+    p.add_argument("--nodes", type=int, help="nodes to calibrate on (--calibrate)")
+    p.add_argument("--layouts", type=int, default=4, help="layouts of the validation sweep (--calibrate; default 4)")
+    p.add_argument("-o", "--output", required=True, help="the job script to write")
+    p.add_argument("--run-args", default="", metavar='"OPTIONS"',
+                   help='options of `exaplan run`, one quoted string: --run-args="--steps 5000 --ckpt-every 500"')
+
+
+def run(args: argparse.Namespace) -> int:
+    import launch
+    from machine_models import load_machine
+
+    import shlex
+
+    try:
+        args.run_args = shlex.split(args.run_args)
+    except ValueError as e:
+        raise PlanError(f"not shell words: {e}", field="--run-args") from None
+    args.command_line = command_line()
+    if args.calibrate:
+        if args.plan or args.run_args:
+            raise PlanError("--calibrate takes no plan and no run options", field="--calibrate")
+        if not args.machine:
+            raise PlanError("--calibrate needs the machine to calibrate", field="--machine")
+        job = launch.calibrate_job(load_machine(args.machine), args.machine, args)
+    else:
+        if not args.plan:
+            raise PlanError("give a plan file (or --calibrate)", field="plan")
+        from planner.schema.plan import load_plan
+
+        plan = load_plan(args.plan)
+        machine = load_machine(args.machine or plan.machine.name)
+        job = launch.plan_job(plan, machine, args)
+    launch.write_script(job)
+    print(f"wrote {job.script}: {job.scheduler.value}, {job.nodes} node(s) x {job.ranks_per_node} ranks, "
+          f"walltime {job.walltime}, staging {job.stage}")
+    print(f"submit: {launch.submit_hint(job)}")
+    return 0

@@ -1,0 +1,101 @@
+"""`exaplan launch`: job scripts that run plans (and calibrate-on-arrival) on real systems.
+
+    job.py         the inputs of a script (Job), each checked: bad input is a PlanError naming the field
+    schedulers.py  what differs between Slurm, PBS Pro and torchrun
+    script.py      the script, in numbered sections, every value shell-quoted
+    rank.py        `python -m launch.rank`: one rank's log, limits, binding, then `python -m cli ...`
+
+Everything machine-specific comes from the machine file's `launch:` section
+(planner/schema/launch.py). Imports: planner/schema/ and machine_models/ only (no torch).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from launch import job as _job
+from launch.job import Job
+from planner.schema.errors import PlanError
+from planner.schema.launch import SchedulerKind
+from planner.schema.specs import MachineModel
+
+
+def _common(machine: MachineModel, o, ranks_per_node: int, nodes: int) -> dict:
+    """The checks every script shares; `o` holds the command's options."""
+    settings = _job.launch_settings(machine)
+    scheduler = _job.scheduler_of(settings, o.scheduler, machine.name)
+    _job.check_ranks(settings, machine, ranks_per_node)
+    walltime = o.walltime or settings.default_walltime
+    walltime_s = _job.walltime_seconds(walltime)
+    account = _job.check_account(settings, o.account, scheduler, machine.name)
+    queue = _job.header_value(o.queue or settings.default_queue, "--queue")
+    container = _job.check_container(settings, o.container, machine.name)
+    prefix = _job.python_prefix()
+    stage = _job.stage_kind(o.stage_env, container, prefix)
+    env = _job.check_env(settings.env, "machine.launch.env")
+    script = Path(o.output).resolve()
+    return dict(machine=machine, settings=settings, scheduler=scheduler, nodes=nodes, ranks_per_node=ranks_per_node,
+                walltime=walltime, walltime_s=walltime_s, account=account, queue=queue, script=script,
+                stage=stage, python_prefix=prefix, container=container, env=env,
+                command_line=getattr(o, "command_line", ""))
+
+
+def plan_job(plan, machine: MachineModel, o) -> Job:
+    """The job that trains `plan` (already loaded and hash-checked) on `machine`."""
+    fields = _common(machine, o, plan.ranks_per_node, plan.nodes)
+    fields["env"].update(_job.check_env(plan.collectives.env, "plan.collectives.env"))
+    out = Path(o.out or f"runs/{plan.model.name}-{machine.name}-{plan.nodes}n").resolve()
+    args = ["run", str(Path(o.plan).resolve()), "--out", str(out), *o.run_args]
+    name = _job_name(f"exaplan-{plan.model.name}")
+    return Job(out=out, name=name, exaplan_args=args, resumable=True, **fields)
+
+
+def calibrate_job(machine: MachineModel, machine_ref: str, o) -> Job:
+    """The calibrate-on-arrival job: `exaplan calibrate --arrival` on every rank of N nodes."""
+    if o.nodes is None or o.nodes <= 0:
+        raise PlanError("give the nodes to calibrate on (a positive number)", field="--nodes")
+    if o.layouts <= 0:
+        raise PlanError("must be a positive number of layouts", field="--layouts")
+    settings = _job.launch_settings(machine)
+    fields = _common(machine, o, settings.ranks_per_node, o.nodes)
+    out = Path(o.out or f"calibration-{machine.name}").resolve()
+    base = str(Path(machine_ref).resolve()) if Path(machine_ref).is_file() else machine_ref
+    args = ["calibrate", "--arrival", "--out", str(out), "--layouts", str(o.layouts), "--base", base]
+    notes = [f"calibrate on arrival: the fitted machine is {out}/fitted.yaml (then: exaplan plan --machine "
+             f"{out}/fitted.yaml ...)"]
+    return Job(out=out, name=_job_name(f"exaplan-calibrate-{machine.name}"), exaplan_args=args, resumable=False,
+               notes=notes, **fields)
+
+
+def _job_name(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)[:60]
+
+
+def write_script(job: Job) -> str:
+    """Render and write the script atomically (executable); returns its text."""
+    from launch.script import render
+
+    text = render(job)
+    tmp = job.script.with_name(f".{job.script.name}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(job.script)
+    except OSError as e:
+        raise PlanError(f"cannot write the job script: {e.strerror}", field=str(job.script)) from None
+    finally:
+        if tmp.exists():
+            os.unlink(tmp)
+    return text
+
+
+def submit_hint(job: Job) -> str:
+    if job.scheduler == SchedulerKind.slurm:
+        return f"sbatch {job.script}"
+    if job.scheduler == SchedulerKind.pbs:
+        return f"qsub {job.script}"
+    return f"NODE_RANK=<0..{job.nodes - 1}> MASTER_ADDR=<first node> bash {job.script}   (on every node)"
+
+
+__all__ = ["Job", "calibrate_job", "plan_job", "submit_hint", "write_script"]

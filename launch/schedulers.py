@@ -1,0 +1,143 @@
+"""What differs between schedulers, as data and small functions: the header, the job id and
+first host, the command that runs once per node, the command that starts the ranks with their
+binding, how the staged environment reaches the nodes, and how a job is requeued.
+
+Slurm gets `--signal=USR1@grace` (the ranks save a checkpoint and exit 85) and `--requeue`;
+PBS Pro has no such option, so the script runs a watchdog that sends SIGTERM to mpiexec
+(which forwards it to the ranks) `grace` seconds before the walltime ends.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from launch.job import Job
+from planner.schema.launch import SchedulerKind, cpu_set_cores, header_value_problem
+
+q = shlex.quote
+
+
+def _safe(value: str) -> bool:
+    return header_value_problem(value) is None
+
+
+def cpu_mask(cpu_set: str) -> str:
+    """A cpulist as the hex mask srun's --cpu-bind=mask_cpu takes ("49-55" -> "0xfe000000000000")."""
+    return hex(sum(1 << c for c in cpu_set_cores(cpu_set)))
+
+
+def header(job: Job) -> list[str]:
+    if job.scheduler == SchedulerKind.slurm:
+        return _slurm_header(job)
+    if job.scheduler == SchedulerKind.pbs:
+        return _pbs_header(job)
+    return []
+
+
+def _slurm_header(job: Job) -> list[str]:
+    s = job.settings
+    lines = [f"--job-name={job.name}", f"--nodes={job.nodes}", f"--ntasks-per-node={job.ranks_per_node}"]
+    if s.cpus_per_rank:
+        lines.append(f"--cpus-per-task={s.cpus_per_rank}")
+    if s.gpus_per_node:
+        lines.append(f"--gpus-per-node={s.gpus_per_node}")
+    lines.append(f"--time={job.walltime}")
+    if job.account:
+        lines.append(f"--account={job.account}")
+    if job.queue:
+        lines.append(f"--partition={job.queue}")
+    if job.resumable:
+        lines += [f"--signal=USR1@{s.signal_grace_s}", "--requeue", "--open-mode=append"]
+    log = str(job.out / "logs" / "job-%j.out")
+    if _safe(log):
+        lines.append(f"--output={log}")
+    lines += [f"--{k}={v}" for k, v in s.slurm_options.items()]
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def _pbs_header(job: Job) -> list[str]:
+    s = job.settings
+    lines = [f"-N {job.name}", f"-l select={job.nodes}", f"-l walltime={job.walltime}"]
+    lines += [f"-l {k}={v}" for k, v in s.pbs_resources.items()]
+    if job.account:
+        lines.append(f"-A {job.account}")
+    if job.queue:
+        lines.append(f"-q {job.queue}")
+    lines.append("-j oe")
+    log = str(job.out / "logs" / "job.out")
+    if _safe(log):
+        lines.append(f"-o {log}")
+    if job.resumable:
+        lines.append("-r y")
+    return [f"#PBS {line}" for line in lines]
+
+
+def job_vars(job: Job) -> list[str]:
+    """JOB_ID and MASTER_ADDR (the rendezvous: the job's first host)."""
+    if job.scheduler == SchedulerKind.slurm:
+        return ['JOB_ID="${SLURM_JOB_ID:?not inside a Slurm job (submit with sbatch)}"',
+                'MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"']
+    if job.scheduler == SchedulerKind.pbs:
+        return ['JOB_ID="${PBS_JOBID:?not inside a PBS job (submit with qsub)}"',
+                'MASTER_ADDR="$(head -n 1 "${PBS_NODEFILE}")"']
+    first = "localhost" if job.nodes == 1 else ""
+    return ['JOB_ID="${EXAPLAN_JOB_ID:-torchrun}"',
+            'NODE_RANK="${NODE_RANK:-0}"',
+            f'MASTER_ADDR="${{MASTER_ADDR:-{first}}}"' if first else
+            'MASTER_ADDR="${MASTER_ADDR:?set MASTER_ADDR to the first node (run this script on every node with NODE_RANK)}"']
+
+
+def per_node(job: Job) -> str:
+    """A command prefix that runs what follows once on every node of the job."""
+    if job.scheduler == SchedulerKind.slurm:
+        return f"srun --nodes={job.nodes} --ntasks-per-node=1"
+    if job.scheduler == SchedulerKind.pbs:
+        return f"mpiexec -n {job.nodes} --ppn 1"
+    return ""  # torchrun: this script runs on every node
+
+
+def broadcast(job: Job) -> list[str]:
+    """Lines that give each node the tarball as NODE_TAR (Slurm: sbcast onto node-local storage;
+    PBS and torchrun: each node reads the one file once)."""
+    if job.scheduler == SchedulerKind.slurm:
+        return ['NODE_TAR="${LOCAL_SCRATCH}/exaplan-${JOB_ID}.tar"',
+                'sbcast --force "${STAGE_TAR}" "${NODE_TAR}"']
+    return ['NODE_TAR="${STAGE_TAR}"']
+
+
+def launcher(job: Job) -> list[str]:
+    """The command (as shell words) that starts every rank; the rank command follows it."""
+    s = job.settings
+    if job.scheduler == SchedulerKind.slurm:
+        words = ["srun", f"--nodes={job.nodes}", f"--ntasks-per-node={job.ranks_per_node}"]
+        if s.cpus_per_rank:
+            words.append(f"--cpus-per-task={s.cpus_per_rank}")
+        if s.cpu_sets:
+            words.append("--cpu-bind=" + q("mask_cpu:" + ",".join(cpu_mask(c) for c in s.cpu_sets)))
+        return words
+    if job.scheduler == SchedulerKind.pbs:
+        words = ["mpiexec", "--envall", "-n", str(job.world_size), "--ppn", str(job.ranks_per_node)]
+        if s.cpu_sets:
+            words += ["--cpu-bind", q("list:" + ":".join(s.cpu_sets))]
+        return words
+    return ['"${PY}"', "-m", "torch.distributed.run", f"--nnodes={job.nodes}",
+            f"--nproc-per-node={job.ranks_per_node}", '--node-rank="${NODE_RANK}"', '--master-addr="${MASTER_ADDR}"',
+            '--master-port="${MASTER_PORT}"', "--max-restarts=0"]
+
+
+def launcher_runs_python(job: Job) -> bool:
+    """torchrun is itself Python: it is followed by `-m launch.rank`, not by the interpreter."""
+    return job.scheduler == SchedulerKind.torchrun
+
+
+def requeue(job: Job) -> list[str]:
+    if job.scheduler == SchedulerKind.slurm:
+        return ['scontrol requeue "${JOB_ID}"']
+    if job.scheduler == SchedulerKind.pbs:
+        return [f"qsub {q(str(job.script))}"]
+    return ['echo "exaplan: run this script again (on every node) to continue from the checkpoint"']
+
+
+def watchdog(job: Job) -> bool:
+    """Whether the script itself signals the ranks before the walltime (PBS has no --signal)."""
+    return job.resumable and job.scheduler == SchedulerKind.pbs

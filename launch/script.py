@@ -1,0 +1,203 @@
+"""The job script, assembled from checked inputs (`Job`) in numbered sections: header, job
+variables, modules and environment, start-up limits, environment staging, the ranks, requeue.
+
+Every value from a plan or a machine file is shell-quoted (`shlex.quote`) or, in scheduler
+header lines that no shell reads, restricted to a safe alphabet (launch/job.py); environment
+names pass the allow-list of planner/schema/launch.py. The start-up lessons of the seed runs are
+built in: `ulimit -n` raised to the hard limit and a warning when the listen backlog
+(/proc/sys/net/core/somaxconn) is below the rank count (the TCP store takes one connection per
+rank); the Python environment packed once and unpacked on node-local storage, so that ranks
+import nothing from the parallel file system; per-rank logs (OUT/logs/rank-N.out); a
+checkpoint before the walltime ends and a requeue that continues with --resume.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from launch import schedulers
+from launch.job import SOURCE_PACKAGES, Job, REPO_ROOT
+
+q = shlex.quote
+EXIT_REQUEUE = 85  # `exaplan run` saved a checkpoint on the walltime signal (runtime/options.py)
+
+
+def expand(template: str) -> str:
+    """A path template as one shell word: {user} and {job} expand at run time, the rest is quoted."""
+    parts = re.split(r"(\{user\}|\{job\})", template)
+    words = {"{user}": '"${USER:-exaplan}"', "{job}": '"${JOB_ID}"'}
+    return "".join(words.get(p, q(p) if p else "") for p in parts) or "''"
+
+
+def render(job: Job) -> str:
+    sections = [_top(job), _variables(job), _environment(job), _limits(job), _staging(job), _ranks(job),
+                _after(job)]
+    return "\n".join(line for section in sections for line in section) + "\n"
+
+
+def _top(job: Job) -> list[str]:
+    lines = ["#!/bin/bash", *schedulers.header(job),
+             f"# exaplan launch: {job.scheduler.value} job for machine {_comment(job.machine.name)}, "
+             f"{job.nodes} node(s) x {job.ranks_per_node} ranks",
+             f"# written by: {_comment(job.command_line)}"]
+    lines += [f"# {_comment(note)}" for note in job.notes]
+    return lines + ["set -euo pipefail", ""]
+
+
+def _comment(text: str) -> str:
+    return " ".join(str(text).split())  # one line: a newline would end the comment
+
+
+def _variables(job: Job) -> list[str]:
+    lines = ["# 1. The job", *schedulers.job_vars(job),
+             f"OUT={q(str(job.out))}",
+             f'MASTER_PORT="${{MASTER_PORT:-29500}}"',
+             f"WORLD_SIZE_PLANNED={job.world_size}",
+             f"PY={q(str(job.python_prefix / 'bin' / 'python'))}",
+             f"CODE={q(str(REPO_ROOT))}",
+             'mkdir -p "${OUT}/logs"',
+             "export MASTER_ADDR MASTER_PORT JOB_ID", ""]
+    return lines
+
+
+def _environment(job: Job) -> list[str]:
+    s = job.settings
+    lines = ["# 2. Modules and the environment of the collective library and the fabric (machine file, then plan)"]
+    lines += [f"module load {q(m)}" for m in s.modules]
+    env: dict[str, str] = {}
+    if s.cpus_per_rank:
+        env["OMP_NUM_THREADS"] = str(s.cpus_per_rank)
+    if s.ib_hca:
+        env.update(NCCL_IB_HCA=s.ib_hca, UCX_NET_DEVICES=s.ib_hca)
+    if s.socket_ifname:
+        env.update(NCCL_SOCKET_IFNAME=s.socket_ifname, GLOO_SOCKET_IFNAME=s.socket_ifname)
+    env.update(job.env)
+    lines += [f"export {name}={q(value)}" for name, value in env.items()]
+    if s.collective_plugin_dir:
+        lines.append(f'export LD_LIBRARY_PATH={q(s.collective_plugin_dir)}"${{LD_LIBRARY_PATH:+:${{LD_LIBRARY_PATH}}}}"')
+    return lines + [""]
+
+
+def _limits(job: Job) -> list[str]:
+    return [
+        "# 3. Start-up limits: one socket per rank on the TCP store's host",
+        'ulimit -n "$(ulimit -Hn)" 2>/dev/null || echo "exaplan: warning: could not raise ulimit -n" >&2',
+        "somaxconn=$(cat /proc/sys/net/core/somaxconn 2>/dev/null || echo 0)",
+        'if [ "${somaxconn}" -lt "${WORLD_SIZE_PLANNED}" ]; then',
+        '    echo "exaplan: warning: /proc/sys/net/core/somaxconn is ${somaxconn}, below the ${WORLD_SIZE_PLANNED} ranks' +
+        ' that connect to the TCP store at once; start-up may stall (ask the site to raise it)" >&2',
+        "fi", ""]
+
+
+def _staging(job: Job) -> list[str]:
+    if job.stage == "off":
+        return ["# 4. Environment staging: off (ranks run from ${PY})", ""]
+    prefix = job.python_prefix
+    pack_dir = (job.out / "stage")
+    pack = ([f"    tar -cf \"${{STAGE_TAR}}.part\" -C {q(str(prefix.parent))} {q(prefix.name)} -C {q(str(REPO_ROOT))} "
+             + " ".join(SOURCE_PACKAGES)] if job.stage == "venv" else
+            [f'    conda-pack -p {q(str(prefix))} -o "${{STAGE_TAR}}.env.tar.gz" --force',
+             f'    tar -cf "${{STAGE_TAR}}.part" -C "$(dirname "${{STAGE_TAR}}")" "$(basename "${{STAGE_TAR}}").env.tar.gz" '
+             f"-C {q(str(REPO_ROOT))} " + " ".join(SOURCE_PACKAGES)])
+    unpack = 'set -e; mkdir -p "$1"; tar -xf "$2" -C "$1"'
+    if job.stage == "conda":
+        unpack += '; mkdir -p "$1/env"; tar -xzf "$1"/*.env.tar.gz -C "$1/env"; "$1/env/bin/conda-unpack"'
+    python = f'"${{STAGE_DIR}}/{prefix.name}/bin/python"' if job.stage == "venv" else '"${STAGE_DIR}/env/bin/python"'
+    return [
+        f"# 4. Environment staging ({job.stage}): pack {prefix} and exaplan's code once, unpack it on every node's",
+        "#    local storage, run from there: no rank imports from the parallel file system",
+        f"LOCAL_SCRATCH={expand(job.settings.local_scratch)}",
+        'LOCAL_SCRATCH="${EXAPLAN_LOCAL_SCRATCH:-${LOCAL_SCRATCH}}"',
+        'STAGE_DIR="${LOCAL_SCRATCH}/exaplan-${JOB_ID}"',
+        f"STAGE_TAR={q(str(pack_dir / (job.stage + '-env.tar')))}",
+        'STAGE_TAR="${EXAPLAN_STAGE_TAR:-${STAGE_TAR}}"',
+        'if [ ! -s "${STAGE_TAR}" ]; then',
+        '    mkdir -p "$(dirname "${STAGE_TAR}")"',
+        '    echo "exaplan: packing the environment into ${STAGE_TAR} (once: later jobs reuse it; delete it to repack)"',
+        *pack,
+        '    mv "${STAGE_TAR}.part" "${STAGE_TAR}"',
+        "fi",
+        *schedulers.broadcast(job),
+        "# shellcheck disable=SC2016  # $1 and $2 expand in the per-node shell",
+        f"{schedulers.per_node(job)} bash -c {q(unpack)} exaplan-stage \"${{STAGE_DIR}}\" \"${{NODE_TAR}}\"".lstrip(),
+        f"PY={python}",
+        'CODE="${STAGE_DIR}"',
+        'echo "exaplan: staged on every node: ${STAGE_DIR}"', ""]
+
+
+def _rank_command(job: Job) -> list[str]:
+    """python -m launch.rank [options] -- <exaplan arguments>, as shell words."""
+    s = job.settings
+    words = [] if schedulers.launcher_runs_python(job) else ['"${PY}"']
+    words += ["-m", "launch.rank", "--rank-log-dir", '"${OUT}/logs"']
+    if s.cpu_sets and job.scheduler.value == "torchrun":
+        words += ["--bind-cpus", q(";".join(s.cpu_sets))]
+    if s.miopen_cache_dir:
+        words += ["--miopen-cache", expand(s.miopen_cache_dir)]
+    return words + ["--"] + [q(a) for a in job.exaplan_args]
+
+
+def _container(job: Job, rank: list[str]) -> list[str]:
+    if job.container is None:
+        return rank
+    c = job.settings.container
+    binds = ",".join(['"${CODE}"', '"${OUT}"'] + [q(b) for b in c.binds])
+    python = ["python3"] if rank[0] == '"${PY}"' else []
+    return [c.runtime, "exec", "--bind", binds, "--pwd", '"${CODE}"', *[q(o) for o in c.options],
+            q(str(job.container)), *python, *rank[1:]]
+
+
+def _wrap(words: list[str], width: int = 100) -> str:
+    """Shell words on continued lines of about `width` characters."""
+    lines, line = [], ""
+    for word in words:
+        if line and len(line) + len(word) + 1 > width:
+            lines.append(line)
+            line = "   "
+        line = f"{line} {word}" if line else word
+    return " \\\n".join(lines + [line])
+
+
+def _ranks(job: Job) -> list[str]:
+    resume = ['RESUME=()',
+              'if compgen -G "${OUT}/checkpoints/step-*/COMPLETE" >/dev/null; then RESUME=(--resume); fi'] \
+        if job.resumable else ['RESUME=()']
+    command = [*schedulers.launcher(job), *_container(job, _rank_command(job)), '${RESUME[@]+"${RESUME[@]}"}']
+    lines = ["# 5. The ranks: one process per device, each logging to ${OUT}/logs/rank-N.out", *resume,
+             'cd "${CODE}"',
+             'echo "exaplan: starting ${WORLD_SIZE_PLANNED} ranks; rendezvous ${MASTER_ADDR}:${MASTER_PORT}"',
+             "set +e", _wrap(command) + " &", "LAUNCHER_PID=$!",
+             "# The scheduler's signals, forwarded: the ranks save a checkpoint and exit 85",
+             "trap 'kill -s TERM \"${LAUNCHER_PID}\" 2>/dev/null || true' TERM USR1"]
+    if schedulers.watchdog(job):
+        delay = max(1, job.walltime_s - job.settings.signal_grace_s)
+        lines += [f"# PBS has no --signal: a watchdog tells the ranks to save {job.settings.signal_grace_s} s before "
+                  "the walltime",
+                  f"( trap 'kill \"${{nap}}\" 2>/dev/null; exit 0' TERM; sleep {delay} & nap=$!; wait \"${{nap}}\" && "
+                  'echo "exaplan: walltime near: asking the ranks to checkpoint" && kill -s TERM "${LAUNCHER_PID}" ) &',
+                  "WATCHDOG_PID=$!"]
+    lines += ['while :; do wait "${LAUNCHER_PID}"; rc=$?; kill -0 "${LAUNCHER_PID}" 2>/dev/null || break; done']
+    if schedulers.watchdog(job):
+        lines.append('kill "${WATCHDOG_PID}" 2>/dev/null || true')
+    return lines + ["set -e", 'echo "exaplan: ranks finished with exit code ${rc}"',
+                    'tail -n 5 "${OUT}/logs/rank-0.out" 2>/dev/null || true', ""]
+
+
+def _after(job: Job) -> list[str]:
+    if not job.resumable:
+        return ["# 6. Done", 'exit "${rc}"']
+    limit = job.settings.max_requeues
+    return [
+        f"# 6. Requeue: exit {EXIT_REQUEUE} means a checkpoint was saved before the walltime; the next job resumes",
+        f'if [ "${{rc}}" -eq {EXIT_REQUEUE} ]; then',
+        '    requeues=$(( $(cat "${OUT}/logs/requeues" 2>/dev/null || echo 0) + 1 ))',
+        '    echo "${requeues}" > "${OUT}/logs/requeues"',
+        f'    if [ "${{requeues}}" -le {limit} ]; then',
+        f'        echo "exaplan: checkpoint saved before the walltime; requeue ${{requeues}} of {limit} (continues with --resume)"',
+        *["        " + line for line in schedulers.requeue(job)],
+        "    else",
+        f'        echo "exaplan: {limit} requeues done; resubmit this script to continue" >&2',
+        "    fi",
+        "fi",
+        'exit "${rc}"']
