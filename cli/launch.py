@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
                                                       "node-local copies; off: run from where it is")
     p.add_argument("--container", metavar="IMAGE", help="run the ranks in this container image (.sif)")
     p.add_argument("--calibrate", action="store_true", help="a calibrate-on-arrival job instead of a training run")
-    p.add_argument("--nodes", type=int, help="nodes to calibrate on (--calibrate)")
+    p.add_argument("--nodes", type=int, help="nodes to calibrate on (--calibrate; calibrate --arrival runs "
+                                                 "once from the first node through srun/mpiexec; torchrun: 1 node)")
     p.add_argument("--layouts", type=int, default=4, help="layouts of the validation sweep (--calibrate; default 4)")
     p.add_argument("-o", "--output", required=True, help="the job script to write")
     p.add_argument("--run-args", default="", metavar='"OPTIONS"',

@@ -4,6 +4,7 @@
     schedulers.py  what differs between Slurm, PBS Pro and torchrun
     script.py      the script, in numbered sections, every value shell-quoted
     rank.py        `python -m launch.rank`: one rank's log, limits, binding, then `python -m cli ...`
+                   (--command: the tail of calibrate --arrival's --launcher)
 
 Everything machine-specific comes from the machine file's `launch:` section
 (planner/schema/launch.py). Imports: planner/schema/ and machine_models/ only (no torch).
@@ -52,20 +53,30 @@ def plan_job(plan, machine: MachineModel, o) -> Job:
 
 
 def calibrate_job(machine: MachineModel, machine_ref: str, o) -> Job:
-    """The calibrate-on-arrival job: `exaplan calibrate --arrival` on every rank of N nodes."""
+    """The calibrate-on-arrival job: `exaplan calibrate --arrival` ONCE, from the batch script on
+    the first node, which starts the measurement and every run of its sweep on all N nodes
+    through `--launcher` (the scheduler's srun / mpiexec line; torchrun on one node only)."""
     if o.nodes is None or o.nodes <= 0:
         raise PlanError("give the nodes to calibrate on (a positive number)", field="--nodes")
     if o.layouts <= 0:
         raise PlanError("must be a positive number of layouts", field="--layouts")
     settings = _job.launch_settings(machine)
     fields = _common(machine, o, settings.ranks_per_node, o.nodes)
+    if fields["scheduler"] == SchedulerKind.torchrun and o.nodes > 1:
+        others = [k.value for k in settings.schedulers if k != SchedulerKind.torchrun]
+        raise PlanError(f"calibrate on arrival runs once, from the first node, and starts the ranks of every step on "
+                        f"all nodes through srun or mpiexec; a torchrun script runs on each node separately, so it "
+                        f"can calibrate one node only: use --nodes 1, or "
+                        + (f"--scheduler {' or '.join(others)}" if others else "a machine with Slurm or PBS"),
+                        field="--scheduler")
     out = Path(o.out or f"calibration-{machine.name}").resolve()
     base = str(Path(machine_ref).resolve()) if Path(machine_ref).is_file() else machine_ref
-    args = ["calibrate", "--arrival", "--out", str(out), "--layouts", str(o.layouts), "--base", base]
+    args = ["calibrate", "--arrival", "--out", str(out), "--ranks", str(settings.ranks_per_node), "--nodes",
+            str(o.nodes), "--layouts", str(o.layouts), "--base", base]
     notes = [f"calibrate on arrival: the fitted machine is {out}/fitted.yaml (then: exaplan plan --machine "
              f"{out}/fitted.yaml ...)"]
     return Job(out=out, name=_job_name(f"exaplan-calibrate-{machine.name}"), exaplan_args=args, resumable=False,
-               notes=notes, **fields)
+               notes=notes, runs_once=True, **fields)
 
 
 def _job_name(text: str) -> str:

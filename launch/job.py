@@ -45,6 +45,9 @@ class Job:
     container: Path | None = None
     command_line: str = ""
     notes: list[str] = field(default_factory=list)
+    # calibrate --arrival: the command runs ONCE, in the batch script's shell on the first node,
+    # and starts every rank itself through --launcher (script.py's _arrival)
+    runs_once: bool = False
 
     @property
     def world_size(self) -> int:

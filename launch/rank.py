@@ -4,6 +4,12 @@ to its cores where no launcher did (torchrun), gives it its own MIOpen cache, sa
 interpreter and code it runs (sys.prefix: the staged copy or not), then replaces itself with
 `python -m cli ARGS` (the same process: signals and the exit code reach the scheduler as they
 are). No torch and nothing of exaplan imported here.
+
+With `--command` (the tail of `exaplan calibrate --arrival --launcher "srun ... python -m
+launch.rank --command --"`) the words after `--` are a whole command that the launcher was
+given: `PYTHON -m cli ARGS` (what calibrate --arrival appends) runs as this interpreter's
+`-m cli ARGS` (the staged copy, or the container's python3), anything else as it is. Without
+--rank-log-dir the output stays with the launcher (calibrate --arrival keeps a log per step).
 """
 
 from __future__ import annotations
@@ -46,21 +52,26 @@ def _raise_nofile() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m launch.rank")
-    ap.add_argument("--rank-log-dir", required=True, help="folder of the per-rank logs")
+    ap.add_argument("--rank-log-dir", help="folder of the per-rank logs (default: output to the launcher)")
     ap.add_argument("--bind-cpus", help="cores of each local rank, ';'-separated cpulists (torchrun)")
     ap.add_argument("--miopen-cache", help="node-local MIOpen cache folder (one per rank below it)")
+    ap.add_argument("--command", action="store_true",
+                    help="the words after -- are a whole command (PYTHON -m cli ARGS: this interpreter's)")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the arguments of exaplan")
     ns = ap.parse_args(argv)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    if ns.command and not args:
+        ap.error("--command needs a command after --")
     rank, local = rank_of(dict(os.environ))
-    logs = Path(ns.rank_log_dir)
-    logs.mkdir(parents=True, exist_ok=True)
-    fd = os.open(logs / f"rank-{rank}.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    if ns.rank_log_dir:
+        logs = Path(ns.rank_log_dir)
+        logs.mkdir(parents=True, exist_ok=True)
+        fd = os.open(logs / f"rank-{rank}.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     _raise_nofile()
     if ns.bind_cpus:
         sets = ns.bind_cpus.split(";")
@@ -76,6 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     code = Path(__file__).resolve().parents[1]
     print(f"exaplan launch: rank {rank} (local {local}) on {socket.gethostname()}: sys.prefix={sys.prefix} "
           f"code={code} open files={resource.getrlimit(resource.RLIMIT_NOFILE)[0]}", flush=True)
+    if ns.command and args[1:3] != ["-m", "cli"]:
+        os.execvp(args[0], args)
+    if ns.command:
+        args = args[3:]
     os.execv(sys.executable, [sys.executable, "-m", "cli", *args])
 
 

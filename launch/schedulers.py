@@ -125,6 +125,17 @@ def launcher(job: Job) -> list[str]:
             '--master-port="${MASTER_PORT}"', "--max-restarts=0"]
 
 
+def arrival_launcher(job: Job) -> list[str]:
+    """The launcher that `calibrate --arrival` puts in front of each of its steps (a program and its
+    arguments follow): srun / mpiexec as for a training run; torchrun (one node only:
+    launch.calibrate_job) standalone with --no-python, since arrival's command starts with the
+    interpreter."""
+    if job.scheduler == SchedulerKind.torchrun:
+        return ['"${PY}"', "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                f"--nproc-per-node={job.ranks_per_node}", "--max-restarts=0", "--no-python"]
+    return launcher(job)
+
+
 def launcher_runs_python(job: Job) -> bool:
     """torchrun is itself Python: it is followed by `-m launch.rank`, not by the interpreter."""
     return job.scheduler == SchedulerKind.torchrun

@@ -159,7 +159,41 @@ def _wrap(words: list[str], width: int = 100) -> str:
     return " \\\n".join(lines + [line])
 
 
+def _arrival(job: Job) -> list[str]:
+    """calibrate --arrival, once, in this shell (the first node): its --launcher is the scheduler's
+    launch command, then the rank wrapper in --command mode (binding, open files, MIOpen cache,
+    the staged or container interpreter), to which arrival appends `PYTHON -m cli ...`."""
+    s = job.settings
+    rank = ['"${PY}"', "-m", "launch.rank"]
+    if s.cpu_sets and job.scheduler.value == "torchrun":
+        rank += ["--bind-cpus", q(";".join(s.cpu_sets))]
+    if s.miopen_cache_dir:
+        rank += ["--miopen-cache", expand(s.miopen_cache_dir)]
+    words = [*schedulers.arrival_launcher(job), *_container(job, rank + ["--command", "--"])]
+    command = ['"${PY}"', "-m", "cli", *[q(a) for a in job.exaplan_args], "--launcher", '"${LAUNCHER_LINE}"']
+    return [f"# 5. Calibrate on arrival: ONCE, from this shell on the job's first node; it starts the measurement and",
+            "#    every run of its sweep on all nodes through LAUNCHER (the scheduler's launch command and the rank",
+            "#    wrapper), each step's output in ${OUT}/logs/measure.log or ${OUT}/runs/LAYOUT/run.log",
+            _wrap(["LAUNCHER=(" + words[0], *map(_array_word, words[1:])]) + ")",
+            "# calibrate --arrival splits --launcher as a shell would: the words joined with shlex",
+            'LAUNCHER_LINE="$("${PY}" -c \'import shlex, sys; print(shlex.join(sys.argv[1:]))\' "${LAUNCHER[@]}")"',
+            'cd "${CODE}"',
+            'echo "exaplan: calibrate on arrival over ${WORLD_SIZE_PLANNED} ranks through: ${LAUNCHER_LINE}"',
+            "set +e", _wrap(command) + " &", "LAUNCHER_PID=$!",
+            "# The scheduler's signals, forwarded to calibrate --arrival",
+            "trap 'kill -s TERM \"${LAUNCHER_PID}\" 2>/dev/null || true' TERM USR1",
+            'while :; do wait "${LAUNCHER_PID}"; rc=$?; kill -0 "${LAUNCHER_PID}" 2>/dev/null || break; done',
+            "set -e", 'echo "exaplan: calibrate on arrival finished with exit code ${rc}"', ""]
+
+
+def _array_word(word: str) -> str:
+    """A word in a bash array: a bare comma (--cpu-bind=mask_cpu:0x1,0x2) quoted, for shellcheck (SC2054)."""
+    return f"'{word}'" if "," in word and not set(word) & set("'\"$\\") else word
+
+
 def _ranks(job: Job) -> list[str]:
+    if job.runs_once:
+        return _arrival(job)
     resume = ['RESUME=()',
               'if compgen -G "${OUT}/checkpoints/step-*/COMPLETE" >/dev/null; then RESUME=(--resume); fi'] \
         if job.resumable else ['RESUME=()']

@@ -121,17 +121,39 @@ def _calibrate_has_arrival() -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_calibrate_on_arrival_leaves_a_machine_that_plan_accepts(tmp_path, testbox, fakebin):
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("kind, stage", [("slurm", "off"), ("pbs", "off"), ("torchrun", "off"), ("slurm", "auto")])
+def test_calibrate_on_arrival_leaves_a_machine_that_plan_accepts(tmp_path, testbox, fakebin, kind, stage):
+    """The calibrate job runs calibrate --arrival once, from the batch script, and that one process starts the
+    measurement and every run of the sweep through the scheduler's launcher (2 ranks on this machine); with
+    staging, those ranks run the staged interpreter."""
     if not _calibrate_has_arrival():
         pytest.skip("`exaplan calibrate --arrival` is not there yet (exaplan calibrate --help lacks --arrival)")
     script, out = tmp_path / "calib.sh", tmp_path / "calib"
-    exaplan("launch", "--calibrate", "--machine", str(testbox), "--nodes", "1", "--layouts", "2", "--stage-env", "off",
-            "--scheduler", "slurm", "--out", str(out), "-o", str(script))
-    p = run_script(script, job_env("slurm", fakebin, tmp_path), timeout=600)
+    exaplan("launch", "--calibrate", "--machine", str(testbox), "--nodes", "1", "--layouts", "2", "--stage-env", stage,
+            "--scheduler", kind, "--out", str(out), "-o", str(script))
+    local = tmp_path / "local"
+    local.mkdir()
+    p = run_script(script, job_env(kind, fakebin, tmp_path, EXAPLAN_LOCAL_SCRATCH=str(local)), timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert (out / "fitted.yaml").is_file()
-    exaplan("plan", "--model", "protein-tiny", "--machine", str(out / "fitted.yaml"), "-o", str(tmp_path / "p.yaml"))
+    assert (out / "fitted.yaml").is_file() and (out / "README.md").is_file()
+    # once: one arrival wrote one calibration; no second copy found --out used
+    everything = p.stdout + p.stderr + "".join(f.read_text(errors="replace") for f in out.rglob("*.log"))
+    assert "already holds a calibration" not in everything and "already" not in p.stderr
+    assert p.stderr.count("wrote ") + p.stdout.count("wrote ") == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert not list((out / "logs").glob("rank-*.out"))  # no rank ran arrival itself
+    launcher = {"slurm": "srun", "pbs": "mpiexec", "torchrun": "torch.distributed.run"}[kind]
+    measure = (out / "logs" / "measure.log").read_text()
+    assert launcher in measure.splitlines()[0], measure[:500]
+    runs = sorted((out / "runs").glob("*/run.log"))
+    assert len(runs) == 2 and all(launcher in r.read_text().splitlines()[0] for r in runs)
+    prefix = f"sys.prefix={local / 'exaplan-4242'}/.venv " if stage == "auto" else f"sys.prefix={sys.prefix} "
+    for log in (measure, runs[0].read_text()):
+        for rank in (0, 1):
+            assert f"exaplan launch: rank {rank} " in log, log[:1500]
+        assert log.count(prefix) == 2, log[:1500]
+    exaplan("plan", "--model", "protein-tiny", "--machine", str(out / "fitted.yaml"), "--nodes", "1",
+            "-o", str(tmp_path / "p.yaml"))
 
 
 def test_shellcheck_is_installed():

@@ -4,6 +4,8 @@ input (one message naming the field, exit 2, nothing written)."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -44,12 +46,103 @@ def scripts(tmp_path_factory) -> dict[tuple[str, str], Path]:
     return out
 
 
+@pytest.fixture(scope="module")
+def calib_scripts(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """`exaplan launch --calibrate` for every preset x scheduler: 2 nodes (torchrun: 1, its limit)."""
+    tmp = tmp_path_factory.mktemp("calib")
+    out = {}
+    for machine in PRESETS:
+        for kind in load_machine(machine).launch.schedulers:
+            script = tmp / f"calib-{machine}-{kind.value}.sh"
+            nodes = "1" if kind.value == "torchrun" else "2"
+            assert cli_main(["launch", "--calibrate", "--machine", machine, "--nodes", nodes, "--scheduler",
+                             kind.value, "--account", "PRJ123", "--out", str(tmp / f"calib {machine}"),
+                             "-o", str(script)]) == 0
+            out[(machine, kind.value)] = script
+    return out
+
+
+def _joined(script: Path) -> list[str]:
+    """The script's lines, continued lines joined, comments left out."""
+    text = script.read_text().replace(" \\\n    ", " ")
+    return [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+
+
+def _launcher_line(script: Path, py: str, env: dict[str, str]) -> list[str]:
+    """What --launcher receives at run time (the script's LAUNCHER array and LAUNCHER_LINE run by bash), split as
+    calibrate --arrival splits it."""
+    lines = _joined(script)
+    start = next(i for i, line in enumerate(lines) if line.startswith("LAUNCHER=("))
+    snippet = "\n".join(["set -euo pipefail", *lines[start:start + 2], 'printf %s "${LAUNCHER_LINE}"'])
+    p = subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, check=True,
+                       env={**env, "PY": py, "JOB_ID": "77", "PATH": os.environ["PATH"]})
+    return shlex.split(p.stdout)
+
+
 def test_every_script_passes_bash_n_and_shellcheck(scripts):
     for script in scripts.values():
         subprocess.run(["bash", "-n", str(script)], check=True)
     p = subprocess.run([SHELLCHECK, "--severity=style", *map(str, scripts.values())], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-4000:]
     assert {m for m, _ in scripts} == set(PRESETS)
+
+
+def test_every_calibrate_script_passes_bash_n_and_shellcheck(calib_scripts):
+    for script in calib_scripts.values():
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    p = subprocess.run([SHELLCHECK, "--severity=style", *map(str, calib_scripts.values())], capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stdout[-4000:]
+    assert {m for m, _ in calib_scripts} == set(PRESETS)
+
+
+@pytest.mark.parametrize("machine", PRESETS)
+def test_calibrate_runs_arrival_once_through_the_schedulers_launcher(calib_scripts, machine, tmp_path):
+    """calibrate --arrival once, in the batch script's shell (not under srun / mpiexec: it starts the ranks
+    itself), with the start-up work of a plan job and --launcher holding the scheduler's launch command."""
+    s = load_machine(machine).launch
+    weird = tmp_path / "st age $(touch PWNED) 'q\"" / "bin"  # the staged interpreter's path, as odd as it gets
+    weird.mkdir(parents=True)
+    (weird / "python").symlink_to(sys.executable)
+    for kind in s.schedulers:
+        script = calib_scripts[(machine, kind.value)]
+        lines = _joined(script)
+        text = "\n".join(lines)
+        for name in s.env:
+            assert f"export {name}=" in text, (machine, name)
+        assert "ulimit -n" in text and "somaxconn" in text and "STAGE_TAR" in text
+        calls = [line for line in lines if "calibrate --arrival" in line]
+        assert len(calls) == 1, calls
+        nodes, r = (1 if kind.value == "torchrun" else 2), s.ranks_per_node
+        assert calls[0].startswith('"${PY}" -m cli calibrate --arrival --out '), calls[0]
+        assert f"--ranks {r} --nodes {nodes} --layouts 4 --base {machine}" in calls[0]
+        assert calls[0].endswith('--launcher "${LAUNCHER_LINE}" &')
+        assert not any(line.startswith(("srun", "mpiexec")) and "-m cli" in line for line in lines)
+        words = _launcher_line(script, str(weird / "python"), {"USER": "u $(touch PWNED2)"})
+        assert not list(tmp_path.rglob("PWNED*"))
+        head = " ".join(words[:8])
+        if kind.value == "slurm":
+            assert head.startswith(f"srun --nodes=2 --ntasks-per-node={r}"), words
+            if s.cpu_sets:
+                assert "--cpu-bind=mask_cpu:" + ",".join(cpu_mask(c) for c in s.cpu_sets) in words
+        elif kind.value == "pbs":
+            assert head.startswith(f"mpiexec --envall -n {2 * r} --ppn {r}"), words
+            if s.cpu_sets:
+                assert words[words.index("--cpu-bind") + 1] == "list:" + ":".join(s.cpu_sets)
+        else:
+            assert words[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--no-python" in words
+            assert f"--nproc-per-node={r}" in words and words[0] == str(weird / "python")
+        i = words.index("launch.rank") - 2
+        assert words[i:i + 3] == [str(weird / "python"), "-m", "launch.rank"], words
+        assert words[-2:] == ["--command", "--"]  # arrival appends `PYTHON -m cli ...`
+        if s.miopen_cache_dir:
+            assert words[words.index("--miopen-cache") + 1].count("u $(touch PWNED2)") == 1
+
+
+def test_calibrate_over_several_nodes_refuses_torchrun(tmp_path, capsys):
+    err = _launch_fails(capsys, ["--calibrate", "--machine", "dgx-h100", "--nodes", "2", "--scheduler", "torchrun"],
+                        tmp_path / "c.sh", "--scheduler")
+    assert "--nodes 1" in err
 
 
 @pytest.mark.parametrize("machine", PRESETS)
