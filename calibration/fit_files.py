@@ -81,7 +81,10 @@ def write_fit(fit: Fit, notes: dict[str, list[str]], path: Path = DEVICE_KINDS_F
     profiles = Path(frameworks).read_text()
     for fw, figs in sorted(fit.framework.items()):
         if fw != SHIPPED_FRAMEWORK:
-            profiles = _rewrite_profile(profiles, PROFILE_OF[fw], figs, f"`{FIT_COMMAND}`, {date}")
+            held = [n for g, n in fit.held if g == fw]
+            note = f"`{FIT_COMMAND}`, {date}" + (
+                f"; held at the first guess, which its rows cannot see (IDENTIFIABLE): {', '.join(held)}" if held else "")
+            profiles = _rewrite_profile(profiles, PROFILE_OF[fw], figs, note)
     Path(frameworks).write_text(profiles)
 
 
@@ -165,10 +168,11 @@ def _rewrite_block(text: str, device: str, figs: dict[str, float], note: list[st
 
 
 def write_uncertainty(errors: list[tuple[str, str, float]], path: Path = UNCERTAINTY_FILE,
-                      date: str | None = None) -> None:
+                      date: str | None = None, held: dict[str, list[str]] | None = None) -> None:
     """machine_models/uncertainty.yaml from the leave-one-out errors of a refit: per device
     kind and per framework profile, the rows, the median, the QUANTILE (p80) and the max of
-    |error|. `errors`: (device kind, framework profile, signed leave-one-out error) per row."""
+    |error|. `errors`: (device kind, framework profile, signed leave-one-out error) per row;
+    `held`: profile -> the figures its rows could not fit (Fit.held), listed under it."""
     date = date or _dt.date.today().isoformat()
 
     def stats(values: list[float]) -> dict:
@@ -182,7 +186,8 @@ def write_uncertainty(errors: list[tuple[str, str, float]], path: Path = UNCERTA
         by_device.setdefault(device, []).append(err)
         by_framework.setdefault(profile, []).append(err)
     body = {"device_kinds": {k: stats(v) for k, v in sorted(by_device.items())},
-            "frameworks": {k: stats(v) for k, v in sorted(by_framework.items())}}
+            "frameworks": {k: {**stats(v), **({"held": list(held[k])} if (held or {}).get(k) else {})}
+                           for k, v in sorted(by_framework.items())}}
     header = (f"# Leave-one-out |error| of the published-run fit, written by `{FIT_COMMAND} --loo`, {date}.\n"
               "# Read by machine_models/uncertainty.py: the p80 of a device kind and of a framework bound\n"
               "# the intervals of every prediction on that kind with that framework.\n")

@@ -3,18 +3,19 @@ conventions: calibration/published_schema.py).
 
     published_runs()   the calibration set: sections A-D here (Megatron-LM README, Korthikanti
                        et al. 2022, llm-foundry H100, fms-fsdp A100) and the fitted section of
-                       calibration/published_extra.py (H: llm-foundry A100);
+                       calibration/published_extra.py (H: llm-foundry A100) and of
+                       calibration/published_seed_hw.py (I: Megatron-DeepSpeed on LUMI's MI250X);
                        `exaplan validate --published` fits and predicts them
     held_out_runs()    published rows never fitted, only predicted (F: torchtitan on H100s,
                        G: BLOOM-176B with Megatron-DeepSpeed, on hardware that the machine
-                       presets only stand in for; I-K: MI250X, GH200 and Max 1550 rows of
-                       calibration/published_seed_hw.py)
+                       presets only stand in for; the Frontier torchtitan row of I, J and K:
+                       GH200 and Max 1550 rows of calibration/published_seed_hw.py)
 """
 
 from __future__ import annotations
 
 from calibration.published_extra import fitted_extra_runs, held_out_extra_runs
-from calibration.published_seed_hw import seed_hw_runs
+from calibration.published_seed_hw import fitted_seed_hw_runs, held_out_seed_hw_runs
 from calibration.published_schema import (  # noqa: F401 - the record's API, re-exported
     FRAMEWORK_SHARDINGS, FRAMEWORKS, PROFILE_OF, UNITS, FigureKind, FlopConvention, Framework, PublishedLayout,
     PublishedRun, gpt_model, llama_model, mpt_model,
@@ -166,10 +167,10 @@ def _section_d() -> list[PublishedRun]:
 
 def published_runs() -> list[PublishedRun]:
     """The calibration set, in section order (a fresh list): sections A-D and the fitted
-    sections of calibration/published_extra.py."""
-    return _section_a() + _section_b() + _section_c() + _section_d() + fitted_extra_runs()
+    sections of calibration/published_extra.py and published_seed_hw.py."""
+    return _section_a() + _section_b() + _section_c() + _section_d() + fitted_extra_runs() + fitted_seed_hw_runs()
 
 
 def held_out_runs() -> list[PublishedRun]:
     """Published rows that no fit sees, predicted to check the model where it was not fitted."""
-    return held_out_extra_runs() + seed_hw_runs()
+    return held_out_extra_runs() + held_out_seed_hw_runs()

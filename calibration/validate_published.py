@@ -26,7 +26,7 @@ import numpy as np
 from machine_models import DEVICE_KINDS_FILE
 from calibration import fit_files, fit_published as cal
 from planner.cost.step import evaluate
-from calibration.published import PublishedRun, held_out_runs, published_runs
+from calibration.published import PROFILE_OF, PublishedRun, held_out_runs, published_runs
 from planner.schema.specs import MachineModel
 
 
@@ -293,7 +293,8 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True,
         fit_files.write_fit(fit, fit_notes(rows), path)
         if leave_one_out_errors:
             profile = {r.id: r.profile for r in runs}
-            fit_files.write_uncertainty([(r.device, profile[r.id], r.loo_error) for r in rows])
+            held = {PROFILE_OF[fw]: [n for g, n in fit.held if g == fw] for fw, _ in fit.held}
+            fit_files.write_uncertainty([(r.device, profile[r.id], r.loo_error) for r in rows], held=held)
     return fit, rows
 
 

@@ -12,7 +12,8 @@ Step time: the 80th percentile of |leave-one-out error| over the published rows 
 machine's device kind and, separately, of the job's framework; the larger of the two (a
 prediction is as uncertain as its less-known half). A device kind without fitted rows of its
 own ("unfitted", or "copied from" another kind) gets UNFITTED_STEP_TIME instead, stated as
-such. Memory: MEMORY, the 80th percentile of the net memory errors of the local validation
+such; so does a framework whose rows could not fit its figures (`held` in uncertainty.yaml:
+they stay first guesses). Memory: MEMORY, the 80th percentile of the net memory errors of the local validation
 (docs/validate-local) and the spread of the published activation-memory checks
 (tests/planner/test_memory_published.py), for every device kind.
 """
@@ -75,7 +76,13 @@ def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = N
         return Uncertainty(UNFITTED_STEP_TIME, MEMORY, f"{machine.device_name}: {status}; stated default "
                            f"+/-{UNFITTED_STEP_TIME:.0%} for device kinds without published rows", False)
     parts = [(float(device["p80"]), f"{machine.device_name} ({device['rows']} rows)")]
-    if fw:
+    if fw and fw.get("held"):
+        # The framework's rows could not fit these figures (they stay first guesses): its
+        # leave-one-out errors say nothing of predictions that lean on them.
+        parts.append((UNFITTED_STEP_TIME, f"{framework.name}: {', '.join(fw['held'])} not fitted "
+                                          f"(its {fw['rows']} rows cannot see them), stated default"))
+        fw = None
+    elif fw:
         parts.append((float(fw["p80"]), f"{framework.name} ({fw['rows']} rows)"))
     else:
         parts.append((UNFITTED_STEP_TIME, f"{framework.name}: no published rows, stated default"))

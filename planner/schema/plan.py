@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from planner.schema.errors import PlanError, format_validation_error
 from planner.schema.specs import (  # noqa: F401 - the layout enums are part of the plan's API
@@ -183,6 +183,13 @@ class Plan(Spec):
     collectives: Collectives
     prediction: Prediction
     provenance: Provenance
+
+    @field_validator("machine")
+    @classmethod
+    def _without_launch(cls, machine: MachineModel) -> MachineModel:
+        """A plan never carries the machine's `launch:` section (excluded from its file and
+        hash; `exaplan launch` reads it from the machine file): the same in memory."""
+        return machine if machine.launch is None else machine.model_copy(update={"launch": None})
 
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":
