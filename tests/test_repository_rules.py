@@ -7,6 +7,8 @@
 - calibration/ may import planner/, runtime/ and machine_models/; only cli/ imports calibration/;
 - launch/ imports from exaplan only planner/schema/ and machine_models/ (no torch); only cli/
   imports launch/;
+- report/ imports from exaplan only planner/ (planner.whatif included) and machine_models/ (no
+  torch); only cli/ imports report/;
 - no import cycles between files (imports under `if TYPE_CHECKING:` aside; imports inside
   functions count: a lazy import still ties the files together);
 - files of at most 500 lines, functions of at most 80 unless the docstring says why
@@ -22,7 +24,7 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli", "launch")
+PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli", "launch", "report")
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTION_NOTE = "Why one function:"
@@ -108,6 +110,7 @@ def test_the_parser_sees_the_known_imports():
     assert "planner.schema.plan" in IMPORTS["runtime.mesh"]
     assert any(_top(n) == "torch" for n in IMPORTS["runtime.trainer"])
     assert any(_top(n) == "calibration" for n in IMPORTS["cli.validate"])
+    assert "report.plots" in IMPORTS["report.whatif"]
 
 
 def test_planner_imports_neither_runtime_calibration_cli_nor_torch():
@@ -158,6 +161,14 @@ def test_launch_imports_only_the_schema_and_machine_models():
 
     assert _violations(rule) == []
     assert _violations(lambda m, n: _top(n) == "launch" and _top(m) not in ("launch", "cli")) == []
+
+
+def test_report_imports_only_the_planner_and_machine_models():
+    def rule(m, n):
+        return _top(m) == "report" and (_top(n) == "torch" or _top(n) in ("runtime", "calibration", "cli", "launch"))
+
+    assert _violations(rule) == []
+    assert _violations(lambda m, n: _top(n) == "report" and _top(m) not in ("report", "cli")) == []
 
 
 def test_no_import_cycles_between_files():
