@@ -16,6 +16,8 @@ EPILOG = """examples:
   exaplan launch plan.yaml --scheduler torchrun -o job.sh      (then on every node: NODE_RANK=i bash job.sh)
   exaplan launch --calibrate --machine lumi --nodes 2 --account project_465000000 -o calib.sh
   exaplan launch plan.yaml -o job.sh --run-args="--steps 5000 --ckpt-every 500"   (options of exaplan run)
+  exaplan launch alps-plan.yaml --account a-g34 --container ~/.edf/pytorch.toml -o job.sh   (Alps: srun --environment)
+  exaplan launch alps-plan.yaml --account a-g34 --uenv pytorch/v2.6.0:v1 --uenv-view default -o job.sh
 """
 
 
@@ -36,7 +38,13 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="output folder of the run (default runs/MODEL-MACHINE-Nn)")
     p.add_argument("--stage-env", default="auto", help="auto: pack this Python environment once and run from "
                                                       "node-local copies; off: run from where it is")
-    p.add_argument("--container", metavar="IMAGE", help="run the ranks in this container image (.sif)")
+    p.add_argument("--container", metavar="IMAGE", help="run the ranks in this container with its python3 (staging "
+                                                          "off): an image (.sif) for apptainer/singularity; on a "
+                                                          "machine with launch.container.runtime edf (Alps) an EDF "
+                                                          "file (.toml) or an EDF name (srun --environment=)")
+    p.add_argument("--uenv", metavar="IMAGE", help="mount this uenv on every node (srun --uenv=IMAGE, e.g. "
+                                                   "prgenv-gnu/24.7:v3; machines whose launch.uenv.allowed)")
+    p.add_argument("--uenv-view", metavar="VIEW", help="the uenv's view (srun --view=; default launch.uenv.default_view)")
     p.add_argument("--calibrate", action="store_true", help="a calibrate-on-arrival job instead of a training run")
     p.add_argument("--nodes", type=int, help="nodes to calibrate on (--calibrate; calibrate --arrival runs "
                                                  "once from the first node through srun/mpiexec; torchrun: 1 node)")

@@ -31,14 +31,16 @@ def _common(machine: MachineModel, o, ranks_per_node: int, nodes: int) -> dict:
     walltime_s = _job.walltime_seconds(walltime)
     account = _job.check_account(settings, o.account, scheduler, machine.name)
     queue = _job.header_value(o.queue or settings.default_queue, "--queue")
-    container = _job.check_container(settings, o.container, machine.name)
+    container = _job.check_container(settings, o.container, machine.name, scheduler)
+    uenv, uenv_view = _job.check_uenv(settings, getattr(o, "uenv", None), getattr(o, "uenv_view", None), container,
+                                      scheduler, machine.name)
     prefix = _job.python_prefix()
     stage = _job.stage_kind(o.stage_env, container, prefix)
     env = _job.check_env(settings.env, "machine.launch.env")
     script = Path(o.output).resolve()
     return dict(machine=machine, settings=settings, scheduler=scheduler, nodes=nodes, ranks_per_node=ranks_per_node,
                 walltime=walltime, walltime_s=walltime_s, account=account, queue=queue, script=script,
-                stage=stage, python_prefix=prefix, container=container, env=env,
+                stage=stage, python_prefix=prefix, container=container, uenv=uenv, uenv_view=uenv_view, env=env,
                 command_line=getattr(o, "command_line", ""))
 
 

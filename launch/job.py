@@ -1,5 +1,6 @@
 """What a job script is made from (`Job`), checked: the scheduler against the machine file, the
-plan's ranks per node against the machine, the walltime, the account, the container image, and
+plan's ranks per node against the machine, the walltime, the account, the container (image or EDF),
+the uenv, and
 every environment variable name against the allow-list. Bad input raises PlanError naming the
 field; nothing is written before every check has passed.
 """
@@ -42,7 +43,9 @@ class Job:
     env: dict[str, str]
     stage: str  # "off", "venv" or "conda"
     python_prefix: Path  # the environment to run (and to stage)
-    container: Path | None = None
+    container: str | None = None  # image or EDF: absolute path, or an EDF name (launch.job.check_container)
+    uenv: str | None = None  # srun --uenv (a label such as prgenv-gnu/24.7:v3, or a SquashFS path)
+    uenv_view: str | None = None  # srun --view
     command_line: str = ""
     notes: list[str] = field(default_factory=list)
     # calibrate --arrival: the command runs ONCE, in the batch script's shell on the first node,
@@ -103,15 +106,52 @@ def check_account(settings: LaunchSettings, account: str | None, scheduler: Sche
     return account
 
 
-def check_container(settings: LaunchSettings, image: str | None, machine: str) -> Path | None:
+_EDF_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+def check_container(settings: LaunchSettings, image: str | None, machine: str, scheduler: SchedulerKind) -> str | None:
+    """The container as the script names it: an image file's absolute path (apptainer, singularity), or an EDF's
+    absolute path or its name in the EDF search path (edf: `srun --environment=`)."""
     if image is None:
         return None
-    if settings.container is None:
+    c = settings.container
+    if c is None:
         raise PlanError(f"machine {machine!r} names no container runtime (launch.container)", field="--container")
+    if c.launcher_option:
+        if scheduler != SchedulerKind.slurm:
+            raise PlanError(f"machine {machine!r} runs containers through srun --environment (launch.container.runtime "
+                            f"{c.runtime}): use --scheduler slurm", field="--container")
+        if "/" not in image and not image.endswith(".toml"):
+            if not _EDF_NAME_RE.match(image):
+                raise PlanError(f"{image!r} is neither an EDF file nor an EDF name (letters, digits, _ . + -)",
+                                field="--container")
+            return image  # a name from the EDF search path (~/.edf or EDF_PATH) of the machine that runs the job
     path = Path(image).expanduser().resolve()
     if not path.is_file():
-        raise PlanError(f"no container image file at {image}", field="--container")
-    return path
+        what = "Environment Definition File (EDF)" if c.launcher_option else "container image file"
+        raise PlanError(f"no {what} at {image}", field="--container")
+    return str(path)
+
+
+def check_uenv(settings: LaunchSettings, uenv: str | None, view: str | None, container: str | None,
+               scheduler: SchedulerKind, machine: str) -> tuple[str | None, str | None]:
+    """The uenv (label or SquashFS path, as srun --uenv takes it) and its view, or (None, None). The values go
+    into `#SBATCH --uenv=`/`--view=` lines, which no shell quotes: the header alphabet only."""
+    if uenv is None:
+        if view is not None:
+            raise PlanError("a view needs a uenv (--uenv IMAGE)", field="--uenv-view")
+        return None, None
+    if settings.uenv is None or not settings.uenv.allowed:
+        raise PlanError(f"machine {machine!r} offers no uenv (launch.uenv.allowed)", field="--uenv")
+    if container is not None:
+        raise PlanError("give --container or --uenv, not both (a uenv is mounted on the host, not in a container)",
+                        field="--uenv")
+    if scheduler != SchedulerKind.slurm:
+        raise PlanError("a uenv is mounted by Slurm (srun --uenv): use --scheduler slurm", field="--uenv")
+    view = view or settings.uenv.default_view
+    header_value(uenv, "--uenv")
+    header_value(view, "--uenv-view")
+    return uenv, view
 
 
 def check_env(env: dict[str, str], source: str) -> dict[str, str]:
@@ -122,12 +162,12 @@ def check_env(env: dict[str, str], source: str) -> dict[str, str]:
     return dict(env)
 
 
-def stage_kind(mode: str, container: Path | None, prefix: Path) -> str:
+def stage_kind(mode: str, container: str | None, prefix: Path) -> str:
     """What staging packs: "off", "venv" (a tarball of the venv) or "conda" (conda-pack)."""
     if mode not in ("auto", "off"):
         raise PlanError(f"{mode!r}: auto or off", field="--stage-env")
     if mode == "off" or container is not None:
-        return "off"  # a container image is the environment already
+        return "off"  # a container is the environment already: its python3 runs the ranks
     if (prefix / "conda-meta").is_dir():
         return "conda"
     if (prefix / "pyvenv.cfg").is_file():

@@ -52,6 +52,10 @@ def _slurm_header(job: Job) -> list[str]:
     if _safe(log):
         lines.append(f"--output={log}")
     lines += [f"--{k}={v}" for k, v in s.slurm_options.items()]
+    if job.uenv:  # the batch shell gets the uenv too, and every srun inherits it (CSCS docs, "uenv in Slurm")
+        lines.append(f"--uenv={job.uenv}")
+        if job.uenv_view:
+            lines.append(f"--view={job.uenv_view}")
     return [f"#SBATCH {line}" for line in lines]
 
 
@@ -114,6 +118,12 @@ def launcher(job: Job) -> list[str]:
             words.append(f"--cpus-per-task={s.cpus_per_rank}")
         if s.cpu_sets:
             words.append("--cpu-bind=" + q("mask_cpu:" + ",".join(cpu_mask(c) for c in s.cpu_sets)))
+        if job.container is not None and s.container is not None and s.container.launcher_option:
+            words.append("--environment=" + q(job.container))  # CSCS Container Engine: the EDF
+        if job.uenv:
+            words.append("--uenv=" + q(job.uenv))
+            if job.uenv_view:
+                words.append("--view=" + q(job.uenv_view))
         return words
     if job.scheduler == SchedulerKind.pbs:
         words = ["mpiexec", "--envall", "-n", str(job.world_size), "--ppn", str(job.ranks_per_node)]

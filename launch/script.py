@@ -54,6 +54,8 @@ def _variables(job: Job) -> list[str]:
              f"OUT={q(str(job.out))}",
              f'MASTER_PORT="${{MASTER_PORT:-29500}}"',
              f"WORLD_SIZE_PLANNED={job.world_size}",
+             *(["# shellcheck disable=SC2034  # the ranks run the container's python3, not ${PY}"]
+               if job.container is not None and not job.runs_once else []),
              f"PY={q(str(job.python_prefix / 'bin' / 'python'))}",
              f"CODE={q(str(REPO_ROOT))}",
              'mkdir -p "${OUT}/logs"',
@@ -91,6 +93,11 @@ def _limits(job: Job) -> list[str]:
 
 
 def _staging(job: Job) -> list[str]:
+    if job.container is not None:
+        runtime = job.settings.container.runtime
+        return [f"# 4. Environment staging: off inside a container ({runtime}): the ranks run the container's "
+                "python3,", "#    which must hold exaplan's dependencies; ${CODE} and ${OUT} must be visible in it"
+                + (" (the EDF's mounts)" if job.settings.container.launcher_option else " (bound)"), ""]
     if job.stage == "off":
         return ["# 4. Environment staging: off (ranks run from ${PY})", ""]
     prefix = job.python_prefix
@@ -107,6 +114,8 @@ def _staging(job: Job) -> list[str]:
     return [
         f"# 4. Environment staging ({job.stage}): pack {prefix} and exaplan's code once, unpack it on every node's",
         "#    local storage, run from there: no rank imports from the parallel file system",
+        *(["#    (the uenv is mounted on every node by srun --uenv: a venv made on the uenv's python links into it)"]
+          if job.uenv else []),
         f"LOCAL_SCRATCH={expand(job.settings.local_scratch)}",
         'LOCAL_SCRATCH="${EXAPLAN_LOCAL_SCRATCH:-${LOCAL_SCRATCH}}"',
         'STAGE_DIR="${LOCAL_SCRATCH}/exaplan-${JOB_ID}"',
@@ -139,9 +148,16 @@ def _rank_command(job: Job) -> list[str]:
 
 
 def _container(job: Job, rank: list[str]) -> list[str]:
+    """The rank command in the container: the container's python3 runs it (staging is off in a container).
+    apptainer / singularity wrap it (`exec --bind CODE,OUT,... --pwd CODE IMAGE`); with an EDF the container is
+    srun's --environment (schedulers.launcher) and its mounts are the EDF's, so only the working directory is
+    set here: an EDF's workdir (default: the image's) is not the folder srun was started in."""
     if job.container is None:
         return rank
     c = job.settings.container
+    if c.launcher_option:
+        python = ["python3"] if rank[0] == '"${PY}"' else []
+        return ["env", '--chdir="${CODE}"', *python, *rank[1:]]
     binds = ",".join(['"${CODE}"', '"${OUT}"'] + [q(b) for b in c.binds])
     python = ["python3"] if rank[0] == '"${PY}"' else []
     return [c.runtime, "exec", "--bind", binds, "--pwd", '"${CODE}"', *[q(o) for o in c.options],

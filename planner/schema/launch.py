@@ -3,7 +3,8 @@
 Everything site-specific that a job script needs lives here, as data: the schedulers the site
 runs, ranks per node, the cores each local rank is bound to, the environment of the collective
 library and the fabric, modules, node-local scratch, whether an account is required, the
-container runtime, the collective library's network plugin, the MIOpen cache. No code branches
+container runtime (a rank wrapper such as Apptainer, or a launcher option such as CSCS's EDF), user
+environments (uenv), the collective library's network plugin, the MIOpen cache. No code branches
 on machine names: a user's own machine file with this section gets job scripts unchanged.
 
 Environment names, from a machine file or a plan, must start with one of ENV_PREFIXES (the
@@ -78,11 +79,47 @@ class SchedulerKind(str, Enum):
 
 
 class ContainerSettings(_Section):
-    """How ranks run inside a container image (`--container IMAGE`)."""
+    """How ranks run inside a container (`--container X`). Two kinds of runtime, as data:
 
-    runtime: Literal["apptainer", "singularity"] = Field(description="The container runtime's command.")
-    binds: list[str] = Field(default_factory=list, description="Host paths bound into the container (`--bind`).")
-    options: list[str] = Field(default_factory=list, description="Further options of `<runtime> exec`.")
+    - apptainer, singularity: a command that wraps each rank (`<runtime> exec --bind ... IMAGE.sif python3 ...`);
+      X is an image file.
+    - edf: a container engine driven by an option of the scheduler's launcher (CSCS's Container Engine on Alps:
+      `srun --environment=X`); X is an Environment Definition File (TOML) by path, or by name from the EDF
+      search path. The image, mounts, working directory and hooks live in the EDF, so binds and options
+      are refused here. Slurm only.
+    """
+
+    runtime: Literal["apptainer", "singularity", "edf"] = Field(
+        description="apptainer / singularity: `<runtime> exec` wraps each rank; edf: `srun --environment=EDF`.")
+    binds: list[str] = Field(default_factory=list, description="Host paths bound into the container (`--bind`; "
+                                                               "not with edf: mounts are in the EDF).")
+    options: list[str] = Field(default_factory=list, description="Further options of `<runtime> exec` (not with edf).")
+
+    @model_validator(mode="after")
+    def _edf_has_no_binds(self) -> "ContainerSettings":
+        if self.runtime == "edf" and (self.binds or self.options):
+            raise ValueError("runtime edf: the mounts and options belong in the EDF file (mounts = [...]), "
+                             "not in binds/options")
+        return self
+
+    @property
+    def launcher_option(self) -> bool:
+        """Whether the container is an option of the launcher (srun --environment) rather than a rank wrapper."""
+        return self.runtime == "edf"
+
+
+class UenvSettings(_Section):
+    """User environments (CSCS uenv: a SquashFS software stack mounted by Slurm, `srun --uenv=IMAGE --view=VIEW`)."""
+
+    allowed: bool = Field(False, description="The site's Slurm takes --uenv/--view (`exaplan launch --uenv`).")
+    default_view: str | None = Field(None, description="The view loaded when --uenv-view is not given (--view).")
+
+    @field_validator("default_view")
+    @classmethod
+    def _view_safe(cls, view: str | None) -> str | None:
+        if view is not None and header_value_problem(view):
+            raise ValueError(f"default_view: {header_value_problem(view)}")
+        return view
 
 
 HeaderOptions = Annotated[dict[str, str], Field(default_factory=dict)]
@@ -109,6 +146,7 @@ class LaunchSettings(_Section):
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the library and fabric (allow-listed names).")
     local_scratch: str = Field("/tmp", description="Node-local storage for the staged environment ({user}, {job} expand).")
     container: ContainerSettings | None = Field(None, description="Container runtime for --container.")
+    uenv: UenvSettings | None = Field(None, description="User environments for --uenv (None: not offered).")
     collective_plugin_dir: str | None = Field(
         None, description="Library folder of the collective library's network plugin (aws-ofi-rccl / aws-ofi-nccl), "
                           "prepended to LD_LIBRARY_PATH by the script.")

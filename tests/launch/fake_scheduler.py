@@ -3,6 +3,9 @@
 PALS_LOCAL_SIZE, PMI_RANK, PMI_SIZE), `sbcast` (a copy), `scontrol` (hostnames; requeue is
 recorded in $FAKE_LOG), `qsub` (recorded in $FAKE_LOG).
 
+srun takes CSCS's `--environment=EDF` (Container Engine) and `--uenv=IMAGE --view=VIEW` and ignores them
+(recorded in $FAKE_LOG): no container starts, the ranks run on this machine as they are.
+
 Every "node" is this machine. The launchers apply the CPU binding they are given (srun
 --cpu-bind=mask_cpu:..., mpiexec --cpu-bind list:...), forward SIGTERM/SIGUSR1 to the ranks,
 and exit with the highest exit code of their ranks. With FAKE_SIGNAL_AT_STEP=k and
@@ -104,7 +107,10 @@ def _signal_at_step(procs) -> None:
 
 def srun(args: list[str]) -> int:
     opts, command = _parse(args, {"-N", "--nodes", "-n", "--ntasks", "--ntasks-per-node", "-c", "--cpus-per-task",
-                                  "--cpu-bind"})
+                                  "--cpu-bind", "--environment", "--uenv", "--view"})
+    for name in ("--environment", "--uenv", "--view"):  # CSCS's container engine and uenv: accepted, ignored
+        if name in opts:
+            _log(f"srun {name}={opts[name]}")
     nodes = int(opts.get("--nodes", opts.get("-N", "1")))
     per_node = int(opts.get("--ntasks-per-node", "1"))
     binds = _cores(opts.get("--cpu-bind", ""))
