@@ -141,7 +141,8 @@ def scaling_png(result: WhatifResult) -> bytes | None:
 
 
 def _err(v: float, lo: float, hi: float) -> tuple[float, float]:
-    return (v - lo if finite(lo) else 0.0, hi - v if finite(hi) else 0.0)
+    """Error-bar lengths below and above (0 where the bound is unknown or on the wrong side)."""
+    return (max(0.0, v - lo) if finite(lo) else 0.0, max(0.0, hi - v) if finite(hi) else 0.0)
 
 
 def pareto_png(result: WhatifResult) -> bytes | None:

@@ -43,7 +43,7 @@ def fmt(v: Any, unknown: str = "–") -> str:
         return str(v)
     if not math.isfinite(v):
         return "–"
-    if isinstance(v, int) or (abs(v) >= 1e4 and abs(v) < 1e15):
+    if isinstance(v, int) or 999.5 <= abs(v) < 1e15:
         return f"{v:,.0f}"
     return f"{v:.3g}"
 
@@ -61,9 +61,12 @@ def e(v: Any) -> str:
     return escape(str(v), quote=True)
 
 
-def _table(head: list[str], rows: list[list[str]], numeric: set[int] = frozenset(), classes=None) -> str:
-    """Cells already escaped by the caller."""
-    out = ["<table><thead><tr>", *(f"<th>{h}</th>" for h in head), "</tr></thead><tbody>"]
+def _table(head: list[str] | None, rows: list[list[str]], numeric: set[int] = frozenset(), classes=None) -> str:
+    """Cells (and head) already escaped by the caller; no head row when `head` is None."""
+    out = ["<table>"]
+    if head:
+        out += ["<thead><tr>", *(f"<th>{h}</th>" for h in head), "</tr></thead>"]
+    out.append("<tbody>")
     for i, row in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
         out.append(f"<tr{cls}>" + "".join(f'<td class="n">{c}</td>' if j in numeric else f"<td>{c}</td>"
@@ -97,17 +100,30 @@ def value_html(v: Any, depth: int = 0) -> str:
     if isinstance(v, dict):
         if not v:
             return "–"
-        rows = [[e(k if not isinstance(k, tuple) else _key_label(k)), value_html(x, depth + 1)] for k, x in v.items()]
-        return _table(["", ""], rows)
+        if all(isinstance(x, dict) for x in v.values()):
+            return _records([_key_label(k) for k in v], list(v.values()), depth)
+        rows = [[e(_key_label(k)), value_html(x, depth + 1)] for k, x in v.items()]
+        return _table(None, rows)
     if isinstance(v, (list, tuple)):
         if not v:
             return "none"
+        if all(isinstance(x, dict) for x in v):
+            return _records(None, list(v), depth)
         return "<ul>" + "".join(f"<li>{value_html(x, depth + 1)}</li>" for x in v) + "</ul>"
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return value_html(dataclasses.asdict(v), depth + 1)
     if isinstance(v, float):
         return e(fmt(v))
     return e("–" if v is None else v)
+
+
+def _records(labels: list[str] | None, records: list[dict], depth: int) -> str:
+    """Dicts as one table: a column per key (in order of first appearance), a row per dict."""
+    keys = list(dict.fromkeys(k for r in records for k in r))
+    head = ([""] if labels else []) + [e(k) for k in keys]
+    rows = [([e(labels[i])] if labels else []) + [value_html(r[k], depth + 1) if k in r else "" for k in keys]
+            for i, r in enumerate(records)]
+    return _table(head, rows)
 
 
 def _key_label(k: Any) -> str:
