@@ -12,6 +12,7 @@ import pytest
 from whatif_fakes import HOSTILE, FakeResult, fake_result, point, sweep
 
 from report import plots
+from report.plots import _umask
 from report.data import knees, pareto_front
 from report.whatif import write_report
 
@@ -21,6 +22,15 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture
 def result() -> FakeResult:
     return fake_result()
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> tuple[FakeResult, str]:
+    """The fake result's report, drawn once for the tests that only read it."""
+    res = fake_result()
+    path = tmp_path_factory.mktemp("report") / "r.html"
+    write_report(res, path)
+    return res, path.read_text(encoding="utf-8")
 
 
 class Doc(HTMLParser):
@@ -73,12 +83,11 @@ def test_the_report_is_written_self_contained_with_the_plots(result, tmp_path):
     assert "No heat map" in text  # nothing varied: skipped with a note
     assert [p.name for p in plots.render(result)] == ["scaling", "pareto", "heatmap"]
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()  # not the temporary file's 0600
 
 
-def test_hostile_strings_are_escaped_everywhere(result, tmp_path):
-    path = tmp_path / "r.html"
-    write_report(result, path)
-    html = path.read_text(encoding="utf-8")
+def test_hostile_strings_are_escaped_everywhere(written):
+    _, html = written
     assert "<script" not in html and "<b>x</b>" not in html
     assert "&lt;script&gt;" in html
     text = "".join(parse(html).text)
@@ -86,10 +95,8 @@ def test_hostile_strings_are_escaped_everywhere(result, tmp_path):
     assert text.count(HOSTILE) >= 4 + 1
 
 
-def test_the_status_table_names_every_device_kind(result, tmp_path):
-    path = tmp_path / "r.html"
-    write_report(result, path)
-    html = path.read_text(encoding="utf-8")
+def test_the_status_table_names_every_device_kind(written):
+    result, html = written
     section = html[html.index("<h2>Device kinds</h2>"):html.index("<h2>Warnings</h2>")]
     text = "".join(parse(section).text)
     for kind, status in result.device_status.items():
@@ -97,19 +104,15 @@ def test_the_status_table_names_every_device_kind(result, tmp_path):
     assert section.count('class="unfitted"') == 2 and section.count('class="fitted"') == 1
 
 
-def test_unknown_energy_and_nan_figures_are_shown_as_such(result, tmp_path):
-    path = tmp_path / "r.html"
-    write_report(result, path)
-    text = "".join(parse(path.read_text(encoding="utf-8")).text)
+def test_unknown_energy_and_nan_figures_are_shown_as_such(written):
+    text = "".join(parse(written[1]).text)
     assert "unknown" in text  # aurora's 16-node point has no energy
     assert "nan" not in text.lower().replace("nanos", "")
     assert "fits nowhere" in text
 
 
-def test_answers_deadline_fastest_and_knees(result, tmp_path):
-    path = tmp_path / "r.html"
-    write_report(result, path)
-    html = path.read_text(encoding="utf-8")
+def test_answers_deadline_fastest_and_knees(written):
+    result, html = written
     answers = "".join(parse(html[html.index("<h2>Answers</h2>"):html.index("<h2>Plots</h2>")]).text)
     assert "64 nodes meet 7 days" in answers and "nothing meets 7 days" in answers
     assert "protein-3.5b on frontier" in answers and "64" in answers
@@ -178,3 +181,28 @@ def test_nothing_fits_still_gives_a_report(tmp_path):
     write_report(res, tmp_path / "r.html")
     text = "".join(parse((tmp_path / "r.html").read_text()).text)
     assert "No scaling curves" in text and "No Pareto plot" in text and "fits nowhere" in text
+
+
+def test_hostile_varied_fields_and_an_empty_sweep(tmp_path):
+    two = [{"<i>f</i>$": a, "g&$x$": b} for a in ("<1>", "$2$") for b in ("x0.5", "x2")]
+    res = FakeResult(points=sweep(machines=("m$1$",), varied=two, node_counts=(16, 32), model="<m>"),
+                     inputs={"<k>": "<v>"}, command="exaplan whatif --vary '<i>f</i>$=<1>,$2$'")
+    write_report(res, tmp_path / "r.html")
+    html = (tmp_path / "r.html").read_text()
+    assert "<i>" not in html and "<1>" not in html and "<m>" not in html and "<k>" not in html
+    assert len(images(parse(html))) == 3
+    empty = FakeResult(points=[], inputs={}, command="exaplan whatif")
+    write_report(empty, tmp_path / "e.html")
+    text = "".join(parse((tmp_path / "e.html").read_text()).text)
+    assert "0 points" in text and "No heat map" in text
+    assert plots.save_plots(empty, tmp_path / "none") == []
+
+
+def test_numbers_in_cells():
+    from report.whatif import fmt, fmt_range
+
+    assert fmt(None) == "–" and fmt(None, "unknown") == "unknown"
+    assert fmt(float("nan")) == "–" and fmt(float("inf")) == "–"
+    assert fmt(1234567.8) == "1,234,568" and fmt(0.1234) == "0.123" and fmt(12) == "12"
+    assert fmt_range(10.0, 9.0, 12.0) == "10 (9–12)" and fmt_range(10.0, float("nan"), 12.0) == "10"
+    assert fmt_range(None, None, None, "unknown") == "unknown"
