@@ -4,6 +4,7 @@ written atomically; the Pareto front; the heat map only with two varied fields."
 from __future__ import annotations
 
 import base64
+import importlib.util
 import dataclasses
 import re
 from html.parser import HTMLParser
@@ -206,3 +207,22 @@ def test_numbers_in_cells():
     assert fmt(1234567.8) == "1,234,568" and fmt(0.1234) == "0.123" and fmt(12) == "12"
     assert fmt_range(10.0, 9.0, 12.0) == "10 (9–12)" and fmt_range(10.0, float("nan"), 12.0) == "10"
     assert fmt_range(None, None, None, "unknown") == "unknown"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cli.whatif") is None, reason="exaplan whatif not built yet")
+def test_through_the_real_engine(tmp_path):
+    """A small real sweep: `exaplan whatif ... --report` gives a report that parses, with the
+    command, every machine, and non-empty PNGs."""
+    from cli.main import main
+
+    path = tmp_path / "r.html"
+    rc = main(["whatif", "--model", "protein-3.5b", "--machine", "frontier,dgx-h100", "--nodes", "16:64",
+               "--tokens", "1e12", "--vary", "machine.nic_gbit_s=x1,x2", "--report", str(path), "--json"])
+    assert rc == 0
+    html = path.read_text(encoding="utf-8")
+    doc = parse(html)
+    text = "".join(doc.text)
+    assert "exaplan whatif" in text and "frontier" in text and "dgx-h100" in text
+    pngs = images(doc)
+    assert len(pngs) >= 2 and all(p.startswith(PNG) and len(p) > 1000 for p in pngs)
+    assert "script" not in doc.tags
