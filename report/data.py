@@ -25,9 +25,12 @@ def group_of(p: WhatifPoint) -> Group:
     return (p.model, p.machine, tuple(sorted((str(k), str(v)) for k, v in (p.varied or {}).items())))
 
 
-def varied_label(varied: Iterable[tuple[str, str]] | dict) -> str:
+def varied_label(varied: Iterable[tuple[str, str]] | dict | str) -> str:
+    """'field=value, field=value' from a dict or pairs; a string, or an item that is not a pair, as is."""
+    if isinstance(varied, str):
+        return varied
     items = varied.items() if isinstance(varied, dict) else varied
-    return ", ".join(f"{k}={v}" for k, v in items)
+    return ", ".join(f"{i[0]}={i[1]}" if isinstance(i, (tuple, list)) and len(i) == 2 else str(i) for i in items)
 
 
 def group_label(g: Group, with_model: bool = True) -> str:

@@ -130,7 +130,7 @@ def _key_label(k: Any) -> str:
     """A group key (model, machine, varied) as words."""
     if isinstance(k, tuple) and len(k) == 3:
         model, machine, varied = k
-        varied = varied_label(varied) if isinstance(varied, (dict, tuple, list)) else str(varied or "")
+        varied = varied_label(varied) if isinstance(varied, (dict, tuple, list, frozenset)) else str(varied or "")
         return f"{model} on {machine}" + (f" [{varied}]" if varied else "")
     return " / ".join(map(str, k)) if isinstance(k, tuple) else str(k)
 

@@ -199,6 +199,16 @@ def test_hostile_varied_fields_and_an_empty_sweep(tmp_path):
     assert plots.save_plots(empty, tmp_path / "none") == []
 
 
+def test_group_labels_in_any_form():
+    from report.data import varied_label
+    from report.whatif import _key_label
+
+    assert varied_label({"a": "x2", "b": "1"}) == varied_label((("a", "x2"), ("b", "1"))) == "a=x2, b=1"
+    assert varied_label(("a=x2",)) == "a=x2" and varied_label("a=x2") == "a=x2"
+    assert _key_label(("m", "frontier", frozenset({("a", "x2")}))) == "m on frontier [a=x2]"
+    assert _key_label(("m", "frontier", ())) == "m on frontier" and _key_label("free text") == "free text"
+
+
 def test_numbers_in_cells():
     from report.whatif import fmt, fmt_range
 
