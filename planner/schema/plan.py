@@ -187,9 +187,12 @@ class Plan(Spec):
     @field_validator("machine")
     @classmethod
     def _without_launch(cls, machine: MachineModel) -> MachineModel:
-        """A plan never carries the machine's `launch:` section (excluded from its file and
-        hash; `exaplan launch` reads it from the machine file): the same in memory."""
-        return machine if machine.launch is None else machine.model_copy(update={"launch": None})
+        """A plan never carries the machine's `launch:` or `power:` section (excluded from its
+        file and hash; `exaplan launch` and `whatif` read them from the machine file): the same
+        in memory."""
+        if machine.launch is None and machine.power is None:
+            return machine
+        return machine.model_copy(update={"launch": None, "power": None})
 
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":

@@ -137,6 +137,17 @@ RENAMED_MACHINE_FIELDS = {
 }
 
 
+class MachinePower(Spec):
+    """The `power:` section of a machine file: what a node draws while training (`exaplan
+    whatif`'s energy = node_w x nodes x time). Not part of plan files (MachineModel.power is
+    excluded from a plan's dump and its content hash); the sources are comments in the file."""
+
+    device_w: PosFloat = Field(description="Power of one device (rank) under load, W: the vendor TDP, halved for a "
+                                           "tile or GCD that runs its own rank.")
+    node_w: PosFloat = Field(description="Power of one whole node under load (devices, CPUs, memory, NICs), W; "
+                                         "cooling and facility overheads (PUE) excluded.")
+
+
 class MachineModel(Spec):
     """A machine: nodes of identical devices, an intra-node fabric and NICs into a fabric."""
 
@@ -204,6 +215,9 @@ class MachineModel(Spec):
     launch: LaunchSettings | None = Field(
         None, exclude=True, description="How jobs start on this machine (`exaplan launch`; planner/schema/launch.py). "
                                         "Not written into plan files, nor into their content hash.")
+    power: MachinePower | None = Field(
+        None, exclude=True, description="Power under load (`exaplan whatif` energy; MachinePower). Not written into "
+                                        "plan files, nor into their content hash.")
 
     @model_validator(mode="after")
     def _check(self) -> "MachineModel":
