@@ -1,19 +1,22 @@
-"""`exaplan capacity`: time to train against node count; the fewest nodes that meet a deadline."""
+"""`exaplan capacity`: a thin alias of `exaplan whatif` for one machine (the old options,
+defaults and output): time to train against node count; the fewest nodes that meet a deadline."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
 
-from cli.common import (MACHINE_HELP, MODEL_HELP, add_json_option, add_set_option, add_workload_options, console,
-                        job_for, load_specs, print_json)
+from cli.common import (MACHINE_HELP, MODEL_HELP, add_json_option, add_set_option, add_workload_options, command_line,
+                        console, print_json)
 from planner.schema.errors import PlanError
 
 
 def add_parser(sub) -> None:
-    c = sub.add_parser("capacity", help="time-to-train against node count; the fewest nodes that meet a deadline",
-                       description="Search the best layout at each node count and report tokens/s and days to train "
-                                   "the token budget; with --deadline-days, the fewest nodes that meet it.")
+    c = sub.add_parser("capacity", help="alias of whatif for one machine: time-to-train against node count",
+                       description="An alias of `exaplan whatif` for one machine, with capacity's old defaults: 8 "
+                                   "sequences per rank (weak scaling, as in the seed runs; dpo: 4 pairs) unless "
+                                   "--global-batch, and powers of two up to the machine's size. `exaplan whatif` "
+                                   "compares machines at one global batch, with node-hours, energy and intervals.")
     c.add_argument("--model", required=True, help=MODEL_HELP)
     c.add_argument("--machine", required=True, help=MACHINE_HELP)
     c.add_argument("--tokens", type=float, required=True, help="tokens to train on")
@@ -46,31 +49,27 @@ def node_counts(text: str | None, machine) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from machine_models import load_framework
+    from machine_models import load_framework, load_machine
     from machine_models.uncertainty import uncertainty_of
-    from planner.capacity import smallest_meeting, sweep
+    from planner.capacity import rows_from_points, smallest_meeting
+    from planner.whatif import run_whatif
 
-    if args.tokens <= 0:
-        raise PlanError("must be positive", field="tokens")
-    if args.deadline_days is not None and args.deadline_days <= 0:
-        raise PlanError("must be positive", field="deadline-days")
-    model, machine = load_specs(args)
+    machine = load_machine(args.machine)
     counts = node_counts(args.nodes, machine)
-
-    def make_job(world: int):
-        return job_for(args, model, machine, world, token_budget=args.tokens)
-
-    if args.json:
-        rows = sweep(model, machine, make_job, counts)
-    else:
-        rows = _sweep_with_progress(model, machine, make_job, counts)
+    per_rank = None if args.global_batch is not None else (4 if args.workload == "dpo" else 8)
+    result = run_whatif(model=args.model, machine=args.machine, nodes=counts, tokens=args.tokens,
+                        deadline_days=args.deadline_days, global_batch=args.global_batch, batch_per_rank=per_rank,
+                        framework=args.framework, workload=args.workload, reference=args.reference,
+                        seq_len=args.seq_len, precision=args.precision, overrides=args.overrides,
+                        command=command_line(), workers=1)
+    rows = rows_from_points(sorted(result.points, key=lambda p: counts.index(p.nodes)), args.workload)
     best = smallest_meeting(rows, args.deadline_days) if args.deadline_days else None
     u = uncertainty_of(machine, load_framework(args.framework))
     if args.json:
         print_json(dict(rows=[_row_json(r, u) for r in rows], deadline_days=args.deadline_days,
                         fewest_nodes=best.nodes if best else None, uncertainty=u.as_json()))
         return 0
-    _print(args, model, machine, rows, best, u)
+    _print(args, result, rows, best, u)
     return 0
 
 
@@ -82,26 +81,12 @@ def _row_json(r, u) -> dict:
     return out
 
 
-def _sweep_with_progress(model, machine, make_job, counts):
-    from rich.progress import Progress
-
-    from planner.capacity import sweep
-
-    rows = []
-    with Progress(console=console(), transient=True) as progress:
-        task = progress.add_task("searching", total=len(counts))
-        for n in counts:
-            progress.update(task, description=f"searching {n} nodes")
-            rows += sweep(model, machine, make_job, [n])
-            progress.advance(task)
-    return rows
-
-
-def _print(args, model, machine, rows, best, u) -> None:
+def _print(args, result, rows, best, u) -> None:
     from planner.report import capacity_table, uncertainty_line
 
     out = console()
-    out.print(capacity_table(rows, model.name, machine.name, args.tokens, best, u))
+    p = result.points[0]
+    out.print(capacity_table(rows, p.model, p.machine, args.tokens, best, u))
     out.print(uncertainty_line(u))
     if args.deadline_days:
         if best:
@@ -109,3 +94,4 @@ def _print(args, model, machine, rows, best, u) -> None:
                       f"[b]{best.nodes}[/b] ({best.days:.2f} days, {best.layout})")
         else:
             out.print(f"no node count tried meets {args.deadline_days:g} days")
+    out.print("[dim]capacity is an alias of `exaplan whatif` (more machines, node-hours, energy, --vary)[/dim]")

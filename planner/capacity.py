@@ -1,17 +1,12 @@
-"""What-if capacity: how does time-to-train fall with node count, and how many nodes meet a deadline?
-
-For each node count the whole layout space is searched again (the best layout changes with
-scale), so the curve is what the planner would actually run at each size.
-"""
+"""`exaplan capacity`, kept as a thin alias of `exaplan whatif` (planner/whatif): one machine,
+its old defaults (8 sequences per rank, weak scaling; powers of two up to the machine's size)
+and its old row shape. The sweep itself is whatif's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.schema.errors import PlanError
-from planner.report import layout_label
-from planner.search.search import search
-from planner.schema.specs import MachineModel, ModelSpec, TrainingJob
+from planner.schema.specs import MachineModel
 
 
 @dataclass
@@ -36,30 +31,28 @@ def default_node_counts(machine: MachineModel) -> list[int]:
     return counts + [machine.nodes]
 
 
-def sweep(model: ModelSpec, machine: MachineModel, make_job, node_counts: list[int]) -> list[CapacityRow]:
-    """The best layout at each node count; `make_job(world)` gives the job for a world size
-    (the caller decides whether the global batch is fixed or grows with the world)."""
-    rows = []
-    for nodes in node_counts:
-        world = nodes * machine.devices_per_node
-        job: TrainingJob = make_job(world)
-        try:
-            r = search(model, machine, job, nodes, top_k=1)
-        except PlanError as e:
-            rows.append(CapacityRow(nodes, world, job.global_batch, None, None, None, None, None, note=_short(e)))
-            continue
-        ev = r.evaluation
-        rows.append(CapacityRow(nodes, world, job.global_batch, layout_label(r.layouts, 0), float(ev.step_time_s[0]),
-                                float(ev.tokens_per_s[0]), float(ev.mfu[0]), float(ev.time_to_train_days[0])))
-    return rows
+def rows_from_points(points, workload: str = "pretrain") -> list[CapacityRow]:
+    """whatif points (planner.whatif.WhatifPoint) as capacity rows (global batch in samples:
+    dpo counts pairs)."""
+    per_sample = 2 if workload == "dpo" else 1
+    return [CapacityRow(p.nodes, p.ranks, p.global_batch_seqs // per_sample, p.layout if p.fits else None,
+                        p.step_time_s if p.fits else None, p.tokens_per_s if p.fits else None,
+                        p.mfu if p.fits else None, p.days if p.fits else None, p.reason) for p in points]
 
 
-def _short(err: PlanError) -> str:
-    if err.field == "memory":
-        return "fits nowhere"
-    if err.field == "global_batch":
-        return "global batch cannot be kept"
-    return str(err)
+def sweep(model, machine: MachineModel, make_job, node_counts: list[int]) -> list[CapacityRow]:
+    """The best layout at each node count; `make_job(world)` gives the job for a world size.
+    Through whatif's point evaluation (one code path)."""
+    from machine_models.uncertainty import uncertainty_of
+    from planner.whatif.engine import Case, evaluate_point
+
+    case = Case(model.name, machine.name, {}, model, machine)
+    points, workload = [], "pretrain"
+    for n in node_counts:
+        job = make_job(n * machine.devices_per_node)
+        workload = job.workload.value
+        points.append(evaluate_point(case, job, n, uncertainty_of(machine, job.framework)))
+    return rows_from_points(points, workload)
 
 
 def smallest_meeting(rows: list[CapacityRow], deadline_days: float) -> CapacityRow | None:
