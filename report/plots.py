@@ -140,6 +140,18 @@ def scaling_png(result: WhatifResult) -> bytes | None:
     return _png(fig)
 
 
+def _plain_log(ax) -> None:
+    """Log axes ticked at 1, 2, 5 x 10^k and labelled 2,000 and 0.5 rather than 2x10^3; minor ticks unlabelled."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
 def _err(v: float, lo: float, hi: float) -> tuple[float, float]:
     """Error-bar lengths below and above (0 where the bound is unknown or on the wrong side)."""
     return (max(0.0, v - lo) if finite(lo) else 0.0, max(0.0, hi - v) if finite(hi) else 0.0)
@@ -170,10 +182,11 @@ def pareto_png(result: WhatifResult) -> bytes | None:
         ax.plot([p.node_hours for p in front], [p.days for p in front], "-", color="black", lw=1.2, zorder=4)
         ax.scatter([p.node_hours for p in front], [p.days for p in front], s=70, facecolors="none",
                    edgecolors="black", lw=1.2, zorder=5, label="Pareto front")
+        several = len({p.machine for p in front}) > 1
         for p in front:
-            ax.annotate(str(p.nodes), (p.node_hours, p.days), textcoords="offset points", xytext=(4, 3), fontsize=6)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+            ax.annotate(text(f"{p.machine} {p.nodes}" if several else p.nodes), (p.node_hours, p.days),
+                        textcoords="offset points", xytext=(4, 3), fontsize=6)
+        _plain_log(ax)
         ax.set_xlabel("node-hours", fontsize=8)
         ax.set_ylabel("days to train", fontsize=8)
         ax.set_title(text(f"{model}: time to train vs node-hours (labels: nodes)"), fontsize=9)
@@ -249,7 +262,7 @@ def render(result: WhatifResult) -> list[Plot]:
     png = pareto_png(result)
     out.append(Plot("pareto", "Time to train vs node-hours", png,
                     "Each point a node count; bars: the interval; circled and joined: the Pareto front "
-                    "(no other point is both faster and cheaper)." if png else "No Pareto plot: no point fits."))
+                    "(no other point is both faster and cheaper), labelled with its node count." if png else "No Pareto plot: no point fits."))
     png = heatmap_png(result)
     fields = " x ".join(varied_fields(result.points))
     out.append(Plot("heatmap", "Heat map over the varied fields", png,

@@ -147,9 +147,8 @@ def _status(result: WhatifResult) -> str:
     rows, classes = [], []
     for kind, status in (result.device_status or {}).items():
         s = str(status)
-        fitted = s.lower().startswith("fitted")
         rows.append([e(kind), e(s)])
-        classes.append("fitted" if fitted else "unfitted")
+        classes.append(next((c for c in ("fitted", "unfitted") if s.lower().startswith(c)), ""))
     if not rows:
         return "<p>none recorded</p>"
     return (_table(["device kind", "status"], rows, classes=classes)
@@ -163,10 +162,20 @@ def _warnings(result: WhatifResult) -> str:
     return "<ul>" + "".join(f'<li class="warn">{e(w)}</li>' for w in result.warnings) + "</ul>"
 
 
+def _answer(v: Any) -> str:
+    """Records that carry a 'sentence': the sentences, then every field folded in <details>."""
+    if isinstance(v, list) and v and all(isinstance(x, dict) for x in v) and any(x.get("sentence") for x in v):
+        said = "".join(f"<li>{e(x['sentence'])}</li>" for x in v if x.get("sentence"))
+        return f"<ul>{said}</ul><details><summary>every figure</summary>{value_html(v)}</details>"
+    return value_html(v)
+
+
 def _answers(result: WhatifResult) -> str:
-    out = ["<h3>Deadline</h3>", value_html(result.deadline) if result.deadline else "<p>no deadline given</p>",
-           "<h3>Fastest</h3>", value_html(result.fastest) if result.fastest else "<p>not asked</p>",
+    out = ["<h3>Deadline</h3>", _answer(result.deadline) if result.deadline else "<p>no deadline given</p>",
+           "<h3>Fastest</h3>", _answer(result.fastest) if result.fastest else "<p>not asked (--fastest)</p>",
            "<h3>Knees</h3>"]
+    if getattr(result, "knee_details", None):
+        out.append(_answer(result.knee_details))
     k = knees(result)
     if k:
         out.append(_table(["curve", "knee (nodes)"], [[e(group_label(g)), e(n)] for g, n in k.items()], {1}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import json
 import dataclasses
 import re
 from html.parser import HTMLParser
@@ -220,19 +221,24 @@ def test_numbers_in_cells():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cli.whatif") is None, reason="exaplan whatif not built yet")
-def test_through_the_real_engine(tmp_path):
+def test_through_the_real_engine(tmp_path, capsys):
     """A small real sweep: `exaplan whatif ... --report` gives a report that parses, with the
     command, every machine, and non-empty PNGs."""
     from cli.main import main
 
     path = tmp_path / "r.html"
     rc = main(["whatif", "--model", "protein-3.5b", "--machine", "frontier,dgx-h100", "--nodes", "16:64",
-               "--tokens", "1e12", "--vary", "machine.nic_gbit_s=x1,x2", "--report", str(path), "--json"])
+               "--tokens", "1e12", "--deadline-days", "30", "--vary", "machine.nic_gbit_s=x1,x2",
+               "--report", str(path), "--json"])
     assert rc == 0
+    data = json.loads(capsys.readouterr().out)
     html = path.read_text(encoding="utf-8")
     doc = parse(html)
     text = "".join(doc.text)
-    assert "exaplan whatif" in text and "frontier" in text and "dgx-h100" in text
+    assert data["command"] in text and "frontier" in text and "dgx-h100" in text
+    for kind in data["device_status"]:
+        assert kind in text
+    assert text.count("machine.nic_gbit_s=x2") >= 6  # a row per varied point
     pngs = images(doc)
     assert len(pngs) >= 2 and all(p.startswith(PNG) and len(p) > 1000 for p in pngs)
     assert "script" not in doc.tags

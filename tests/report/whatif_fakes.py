@@ -103,5 +103,6 @@ def fake_result() -> FakeResult:
         fastest=[{"rank": 1, "machine": HOSTILE, "nodes": 64, "days": 3.2}, {"rank": 2, "machine": "frontier"}],
         knees={("protein-3.5b", "frontier", ()): 64},
         warnings=[f"global batch 65,536 sequences exceeds the critical batch for {HOSTILE}"],
-        device_status={"MI250X": "fitted (8 rows)", "Max 1550": "unfitted first guess", "<b>x</b>": "unfitted"},
+        device_status={"MI250X": "fitted (8 rows)", "Max 1550": "unfitted first guess", "<b>x</b>": "unfitted",
+                       "GH200": "copied from H100"},
     )
