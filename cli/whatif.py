@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             deadline_days=args.deadline_days, minimise=args.minimise, fastest=args.fastest, knee=args.knee,
             vary=args.vary, global_batch=args.global_batch, batch_per_rank=args.batch_per_rank,
             framework=args.framework, workload=args.workload, reference=args.reference, seq_len=args.seq_len,
-            precision=args.precision, overrides=args.overrides, progress=bar, command=command_line())
+            precision=args.precision, overrides=args.overrides, progress=bar, command=_command(args))
     finally:
         bar.close()
     if args.csv:
@@ -90,6 +90,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print_result(result, console())
     return 0
+
+
+def _command(args) -> str:
+    """The command line that regenerates the result (main() hands its argv on)."""
+    import shlex
+
+    argv = getattr(args, "argv", None)
+    return shlex.join(["exaplan", *argv]) if argv else command_line()
 
 
 def _report_writer():
@@ -149,7 +157,7 @@ def print_result(result, out) -> None:
 
         out.width = max(out.width, Measurement.get(out, out.options.update_width(1000), table).maximum)
     out.print(table)
-    for title, items in (("deadline", result.deadline), ("fastest", result.fastest), ("knee", result.knees)):
+    for title, items in (("deadline", result.deadline), ("fastest", result.fastest), ("knee", result.knee_details)):
         for d in items:
             out.print(f"[b]{title}[/b]: {d['sentence']}")
     for w in result.warnings:
@@ -180,7 +188,7 @@ def points_table(result):
         "best layout", "step s", "tokens/s", "TF/dev", "MFU", "days (lo-hi)", "node-h", "MWh", "eff"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("model", "machine", "best layout") else "right", no_wrap=True)
-    knees = {(k["model"], k["machine"], tuple(sorted(k["varied"].items()))): k["knee_nodes"] for k in result.knees}
+    knees = result.knees
     for p in result.points:
         head = ([p.model] if models else []) + [p.machine] + [p.varied.get(k, "") for k in varied] + [f"{p.nodes:,}"]
         head += [] if one_batch else [f"{p.global_batch_seqs:,}"]

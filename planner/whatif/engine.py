@@ -86,7 +86,9 @@ def run_whatif(*, model: str | list[str], machine: str | list[str], nodes: str |
     points = questions.with_efficiency(points)
     result = WhatifResult(points=points, inputs=inputs, command=command,
                           device_status=_device_status(cases))
-    result.knees = questions.knees(points, knee)
+    result.knee_details = questions.knees(points, knee)
+    result.knees = {(k["model"], k["machine"], tuple(sorted(k["varied"].items()))): k["knee_nodes"]
+                    for k in result.knee_details}
     if deadline_days is not None:
         result.deadline = questions.deadline(points, deadline_days, minimise)
     if fastest:

@@ -120,7 +120,11 @@ def _vary_value(label: str, whole: str):
         value = yaml.safe_load(label)
     except yaml.YAMLError:
         value = label
-    if isinstance(value, float) and not math.isfinite(value):
+    try:
+        as_float = float(value) if isinstance(value, (str, float)) else 0.0
+    except ValueError:
+        as_float = 0.0
+    if not math.isfinite(as_float):  # 'inf', 'nan', '.inf', 1e400
         raise PlanError(f"value {label!r} is not finite (in {whole!r})", field="vary")
     return value
 

@@ -62,7 +62,8 @@ class WhatifResult:
     """Every point and the answers: `deadline` (per group: the fewest nodes that meet it, the
     cheapest point that meets it, else the best achievable, with a sentence), `fastest`
     (machines ranked per model at equal node counts and at their cheapest), `knees` (per
-    group: where scaling efficiency first falls below the threshold), `warnings`,
+    group, keyed like WhatifPoint.group: the node count where scaling efficiency first falls
+    below the threshold, None if it never does; `knee_details` the same with sentences), `warnings`,
     `device_status` (device kind -> fitted / copied from ... / unfitted)."""
 
     points: list[WhatifPoint]
@@ -70,7 +71,8 @@ class WhatifResult:
     command: str
     deadline: list[dict] = field(default_factory=list)
     fastest: list[dict] = field(default_factory=list)
-    knees: list[dict] = field(default_factory=list)
+    knees: dict[tuple, int | None] = field(default_factory=dict)  # WhatifPoint.group -> knee node count
+    knee_details: list[dict] = field(default_factory=list)  # per group: threshold, efficiency, sentence
     warnings: list[str] = field(default_factory=list)
     device_status: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0  # the sweep's wall-clock time
@@ -88,5 +90,5 @@ class WhatifResult:
             return v
 
         return dict(command=self.command, inputs=conv(self.inputs), points=[p.as_json() for p in self.points],
-                    deadline=conv(self.deadline), fastest=conv(self.fastest), knees=conv(self.knees),
+                    deadline=conv(self.deadline), fastest=conv(self.fastest), knees=conv(self.knee_details),
                     warnings=list(self.warnings), device_status=dict(self.device_status), seconds=self.seconds)
