@@ -4,6 +4,11 @@ For each case: the first search in a cold process state (link tiers not cached),
 `--repeats` warm searches, the legal layouts enumerated, the layouts scored (x collective-
 algorithm choices), the rate, and the layout chosen. Times are wall-clock seconds of the
 whole `search()` call: enumerate, score, prune, rank, and re-score the finalists.
+
+`--whatif`: the what-if sweep of issue 12 (WHATIF: protein-3.5b on the five seed machines, 16-2,048
+nodes, 1e12 tokens; 40 searches): the wall-clock seconds of `run_whatif` in this process,
+the planner's share of `exaplan whatif ... --report r.html` (`make bench` also times the
+whole command, target 10 s on the 2-core machine).
 """
 
 from __future__ import annotations
@@ -89,13 +94,39 @@ def render(r: BenchResult) -> str:
     ])
 
 
+WHATIF = dict(model="protein-3.5b", machine="aurora,alps,frontier,leonardo,pdx", nodes="16:2048", tokens=1e12)
+
+
+def run_whatif_case() -> dict:
+    """Time the what-if sweep (every search of its 40 points, the questions, in worker
+    processes where the machine has several cores)."""
+    from planner.whatif import run_whatif
+
+    _tiers_cached.cache_clear()
+    start = time.perf_counter()
+    result = run_whatif(**WHATIF)
+    seconds = time.perf_counter() - start
+    return dict(case=WHATIF, points=len(result.points), fitting=sum(p.fits for p in result.points), seconds=seconds)
+
+
+def render_whatif(r: dict) -> str:
+    c = r["case"]
+    return (f"whatif {c['model']} on {c['machine']}, nodes {c['nodes']}, {c['tokens']:.0e} tokens: "
+            f"{r['points']} points ({r['fitting']} fit) in {r['seconds']:.2f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON")
+    ap.add_argument("--whatif", action="store_true", help="time the what-if sweep of issue 12 instead (WHATIF)")
     ap.add_argument("--repeats", type=int, default=3, help="warm searches per case (default 3)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
+    if args.whatif:
+        whatif = run_whatif_case()
+        print(json.dumps(whatif, indent=2) if args.json else render_whatif(whatif))
+        return 0
     results = [run_case(c, args.repeats) for c in CASES]
     try:
         if args.json:
