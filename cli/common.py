@@ -9,6 +9,7 @@ import shlex
 import sys
 
 from planner.schema.errors import PlanError
+from planner.schema.specs import MAX_NODES
 
 MODEL_HELP = "preset (protein-3.5b, protein-7b, protein-70b, protein-small, protein-tiny) or a ModelSpec YAML file"
 MACHINE_HELP = ("preset (aurora, alps, frontier, leonardo, pdx, dgx-a100-80gb, dgx-h100, local) or a MachineModel "
@@ -86,6 +87,9 @@ def load_inputs(args):
     model, machine = load_specs(args)
     if args.nodes is not None and args.nodes <= 0:
         raise PlanError("must be a positive number of nodes", field="nodes")
+    if args.nodes is not None and args.nodes > MAX_NODES:
+        raise PlanError(f"{args.nodes} nodes: at most {MAX_NODES:,} (the largest system a machine file may describe)",
+                        field="nodes")
     return model, machine, job_for(args, model, machine, args.nodes * machine.devices_per_node)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from planner.schema.errors import PlanError, format_validation_error
+from planner.schema.errors import PlanError, check_name_or_path, format_validation_error
 from planner.schema.specs import RENAMED_MACHINE_FIELDS, CollectiveEfficiency, MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -80,21 +80,28 @@ def load_machine(name_or_path: str | Path, *, ranks: int | None = None) -> Machi
     `ranks` is used only for `local`: CPU ranks on this machine (default 2).
     Every problem raises PlanError naming the file and the field.
     """
-    text = str(name_or_path)
+    text = check_name_or_path(str(name_or_path), "machine")
     if text == LOCAL:
         if LOCAL_FILE.exists():
             machine = load_machine_file(LOCAL_FILE)
             return machine if ranks is None else _with_ranks(machine, ranks)
         return detect_local_machine(DEFAULT_LOCAL_RANKS if ranks is None else ranks)
     preset = PRESET_DIR / f"{text}.yaml"
-    if not _looks_like_path(text) and preset.exists() and preset not in NOT_MACHINES:
+    if not _looks_like_path(text) and _exists(preset) and preset not in NOT_MACHINES:
         return load_machine_file(preset)
-    if _looks_like_path(text) or Path(text).exists():
+    if _looks_like_path(text) or _exists(Path(text)):
         return load_machine_file(Path(text))
     raise PlanError(
         f"unknown machine {text!r}; presets: {', '.join(list_machines())} (or a path to a YAML file)",
         field="machine",
     )
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name longer than the file system's limit for one component
+        return False
 
 
 def load_machine_file(path: str | Path) -> MachineModel:
@@ -231,6 +238,8 @@ def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
         text = path.read_text()
     except OSError as e:
         raise PlanError(f"cannot read {what}: {e.strerror}", field=str(path)) from None
+    except UnicodeDecodeError:
+        raise PlanError(f"cannot read {what}: not UTF-8 text", field=str(path)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

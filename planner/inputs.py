@@ -9,19 +9,27 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from planner.schema.errors import PlanError, format_validation_error
+from planner.schema.errors import PlanError, check_name_or_path, format_validation_error
 from planner.presets import MODEL_PRESETS, get_model
 from planner.schema.specs import RENAMED_MACHINE_FIELDS, FrameworkProfile, MachineModel, ModelSpec, Precision, TrainingJob
 
 
 def load_model(name_or_path: str) -> ModelSpec:
     """A model preset by name, or a ModelSpec YAML file."""
+    check_name_or_path(name_or_path, "model")
     if name_or_path in MODEL_PRESETS:
         return get_model(name_or_path)
     path = Path(name_or_path)
-    if not path.suffix and not path.exists():
+    if not path.suffix and not _exists(path):
         return get_model(name_or_path)  # unknown preset: the error lists the presets
     return _load_yaml_spec(ModelSpec, path, "model")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name longer than the file system's limit for one component
+        return False
 
 
 def _load_yaml_spec(cls: type[BaseModel], path: Path, what: str):
@@ -29,6 +37,8 @@ def _load_yaml_spec(cls: type[BaseModel], path: Path, what: str):
         data = yaml.safe_load(path.read_text())
     except OSError as e:
         raise PlanError(f"cannot read {what} file: {e.strerror}", field=str(path)) from None
+    except UnicodeDecodeError:
+        raise PlanError(f"cannot read {what} file: not UTF-8 text", field=str(path)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

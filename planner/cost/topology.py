@@ -40,10 +40,14 @@ class LinkTiers:
     all_gather_eff: float = 1.0
 
 
-def build_graph(machine: MachineModel, nodes: int, sample_group_size: int | None = None) -> nx.Graph:
+def build_graph(machine: MachineModel, nodes: int, sample_group_size: int | None = None,
+                sample_devices: int | None = None) -> nx.Graph:
     """Devices, switches, NICs and fabric of `nodes` nodes (small node counts suffice: the
     figures are per node and per tier). `sample_group_size` places that many of the sampled
-    nodes in each group (the global links keep the machine's real group capacity)."""
+    nodes in each group (the global links keep the machine's real group capacity);
+    `sample_devices` builds only that many of each node's identical devices and NICs stand
+    for all of them aggregated into one edge (their summed bandwidth), so that a machine of a
+    million devices per node costs no more than one of two."""
     g = nx.Graph()
     intra_bw = machine.intra_node_bandwidth_gbyte_s * GB
     nic_bw = machine.nic_gbit_s / 8.0 * GB
@@ -54,15 +58,19 @@ def build_graph(machine: MachineModel, nodes: int, sample_group_size: int | None
     dragonfly = machine.topology == TopologyKind.dragonfly
     group_size = machine.nodes_per_group if dragonfly else max(nodes, 1)
     sample = sample_group_size or group_size
+    devices = machine.devices_per_node if sample_devices is None else min(sample_devices, machine.devices_per_node)
+    # Identical NICs in parallel between the same switch and leaf carry what one edge of their
+    # summed bandwidth carries (same latency): aggregated when sampling.
+    nics, per_nic = (machine.nics_per_node, nic_bw) if sample_devices is None else (1, nic_bw * machine.nics_per_node)
     for n in range(nodes):
         sw = ("switch", n)
-        for d in range(machine.devices_per_node):
+        for d in range(devices):
             g.add_edge(("device", n, d), sw, bandwidth_Bps=intra_bw, latency_s=half_intra)
         leaf = ("group", n // sample)
-        for k in range(machine.nics_per_node):
+        for k in range(nics):
             nic = ("nic", n, k)
-            g.add_edge(sw, nic, bandwidth_Bps=nic_bw, latency_s=0.0)
-            g.add_edge(nic, leaf, bandwidth_Bps=nic_bw, latency_s=hop)
+            g.add_edge(sw, nic, bandwidth_Bps=per_nic, latency_s=0.0)
+            g.add_edge(nic, leaf, bandwidth_Bps=per_nic, latency_s=hop)
     groups = {("group", n // sample) for n in range(nodes)}
     taper = machine.global_bandwidth_taper if machine.topology == TopologyKind.dragonfly else 1.0
     for grp in groups:
@@ -104,7 +112,7 @@ def _tiers_cached(network_json: str) -> LinkTiers:
     dragonfly = machine.topology == TopologyKind.dragonfly
     # Two nodes of one group (and on a dragonfly a third in another group) show every tier.
     sample_nodes = min(3 if dragonfly else 2, machine.nodes)
-    g = build_graph(machine, sample_nodes, sample_group_size=2 if dragonfly else None).to_directed()
+    g = build_graph(machine, sample_nodes, sample_group_size=2 if dragonfly else None, sample_devices=2).to_directed()
     dev0 = ("device", 0, 0)
     if machine.devices_per_node > 1:
         intra_lat, intra_bw = path_figures(g, dev0, ("device", 0, 1))

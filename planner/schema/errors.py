@@ -25,3 +25,17 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
         msg = e["msg"].removeprefix("Value error, ")
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
+
+
+MAX_NAME_OR_PATH = 4096  # characters of a preset name or a file path given on the command line
+
+
+def check_name_or_path(text: str, field: str) -> str:
+    """`text` when it can be a preset name or a file path; PlanError naming `field` when it is
+    too long for any file system or holds a NUL or another control character (which the OS
+    refuses with a traceback-shaped OSError or ValueError)."""
+    if len(text) > MAX_NAME_OR_PATH:
+        raise PlanError(f"a name or path of {len(text):,} characters (at most {MAX_NAME_OR_PATH})", field=field)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise PlanError(f"{text[:40]!r} holds a control character", field=field)
+    return text

@@ -6,8 +6,8 @@ layout). Every figure carries its unit in its name; every model forbids unknown 
 
 from __future__ import annotations
 
-import math
 from enum import Enum
+from functools import lru_cache
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,11 +19,36 @@ PosInt = Annotated[int, Field(gt=0)]
 PosFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
+# Physical bounds: every figure is finite (no inf or nan anywhere: Spec's allow_inf_nan) and at
+# most these, far past any machine or model built or announced, so that no arithmetic of the
+# cost model overflows and a typo (1e30 tokens per sequence) is refused naming its field.
+MAX_COUNT = 2**20  # layers, heads, devices per node, NICs per node, ... (1,048,576)
+MAX_WIDTH = 2**22  # hidden, ffn_hidden, vocabulary (4,194,304)
+MAX_SEQ_LEN = 2**26  # tokens per sequence (67,108,864)
+MAX_BATCH = 2**30  # sequences per optimizer step
+MAX_NODES = 2**24  # nodes of one system (16,777,216)
+MAX_TOKENS = 1e18  # token budget
+MAX_RATE = 1e9  # TFLOP/s per device, GB/s, Gbit/s per NIC (a million times today's)
+MAX_SIZE_GIB = 2.0**30  # GiB per device (an exbibyte)
+MAX_TIME = 1e9  # latencies (us), overheads (us or s)
+MAX_NAME = 256  # characters of a name
+MAX_TEXT = 8192  # characters of a description
+
+Count = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+Rate = Annotated[float, Field(gt=0, le=MAX_RATE)]
+Time = Annotated[float, Field(ge=0, le=MAX_TIME)]
+PosTime = Annotated[float, Field(gt=0, le=MAX_TIME)]
+# Names print in reports and job scripts: printable, no control characters, bounded.
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Text = Annotated[str, Field(max_length=MAX_TEXT, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]*$")]
+
 
 class Spec(BaseModel):
-    """Base of every spec: strict about unknown fields, validated on assignment."""
+    """Base of every spec: strict about unknown fields, validated on assignment, every float
+    finite (inf and nan refused naming the field)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -34,14 +59,14 @@ class Spec(BaseModel):
 class ModelSpec(Spec):
     """A dense decoder-only transformer (Llama-style protein LM by default)."""
 
-    name: str = Field("custom", description="Preset or user name of the model.")
-    layers: PosInt = Field(description="Number of transformer blocks.")
-    hidden: PosInt = Field(description="Model width d (residual stream size).")
-    heads: PosInt = Field(description="Attention (query) heads.")
-    kv_heads: PosInt = Field(description="Key/value heads (grouped-query attention); = heads for MHA.")
-    ffn_hidden: PosInt = Field(description="Inner width of the MLP.")
-    vocab_size: PosInt = Field(VOCAB_SIZE, description="Vocabulary size (protein: 31 tokens).")
-    seq_len: PosInt = Field(description="Default training sequence length in tokens.")
+    name: Name = Field("custom", description="Preset or user name of the model.")
+    layers: Count = Field(description="Number of transformer blocks.")
+    hidden: Width = Field(description="Model width d (residual stream size).")
+    heads: Count = Field(description="Attention (query) heads.")
+    kv_heads: Count = Field(description="Key/value heads (grouped-query attention); = heads for MHA.")
+    ffn_hidden: Width = Field(description="Inner width of the MLP.")
+    vocab_size: Width = Field(VOCAB_SIZE, description="Vocabulary size (protein: 31 tokens).")
+    seq_len: Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)] = Field(description="Default training sequence length in tokens.")
     activation: Literal["gelu", "swiglu"] = Field("swiglu", description="MLP activation.")
     norm: Literal["layernorm", "rmsnorm"] = Field("rmsnorm", description="Normalisation layer.")
     position: Literal["rope", "learned"] = Field("rope", description="Position encoding.")
@@ -105,7 +130,7 @@ class MatmulEfficiency(Spec):
     """
 
     peak_fraction: Fraction = Field(0.8, description="Efficiency reached by very large GEMMs.")
-    half_dim: float = Field(256.0, ge=0, description="GEMM size d at which half of peak_fraction is reached.")
+    half_dim: float = Field(256.0, ge=0, le=MAX_WIDTH, description="GEMM size d at which half of peak_fraction is reached.")
 
 
 class Overlap(Spec):
@@ -142,21 +167,21 @@ class MachinePower(Spec):
     whatif`'s energy = node_w x nodes x time). Not part of plan files (MachineModel.power is
     excluded from a plan's dump and its content hash); the sources are comments in the file."""
 
-    device_w: PosFloat = Field(description="Power of one device (rank) under load, W: the vendor TDP, halved for a "
+    device_w: Rate = Field(description="Power of one device (rank) under load, W: the vendor TDP, halved for a "
                                            "tile or GCD that runs its own rank.")
-    node_w: PosFloat = Field(description="Power of one whole node under load (devices, CPUs, memory, NICs), W; "
+    node_w: Rate = Field(description="Power of one whole node under load (devices, CPUs, memory, NICs), W; "
                                          "cooling and facility overheads (PUE) excluded.")
 
 
 class MachineModel(Spec):
     """A machine: nodes of identical devices, an intra-node fabric and NICs into a fabric."""
 
-    name: str = Field("custom", description="Machine name.")
-    description: str = Field("", description="Free text: where the figures come from.")
-    device_name: str = Field(description="Device kind (e.g. 'NVIDIA H100 80GB SXM'); efficiency figures are per kind.")
-    devices_per_node: PosInt = Field(description="Ranks per node: a GPU, or a tile/GCD where each runs its own rank.")
-    device_memory_gib: PosFloat = Field(description="Memory per device (GiB).")
-    peak_tflops: dict[Precision, PosFloat] = Field(description="Peak dense TFLOP/s per device for each precision.")
+    name: Name = Field("custom", description="Machine name.")
+    description: Text = Field("", description="Free text: where the figures come from.")
+    device_name: Name = Field(description="Device kind (e.g. 'NVIDIA H100 80GB SXM'); efficiency figures are per kind.")
+    devices_per_node: Count = Field(description="Ranks per node: a GPU, or a tile/GCD where each runs its own rank.")
+    device_memory_gib: Annotated[float, Field(gt=0, le=MAX_SIZE_GIB)] = Field(description="Memory per device (GiB).")
+    peak_tflops: dict[Precision, Rate] = Field(description="Peak dense TFLOP/s per device for each precision.")
     matmul_efficiency: MatmulEfficiency = Field(default_factory=MatmulEfficiency)
     attention_efficiency_factor: Fraction = Field(
         0.8, description="Attention-core efficiency relative to a GEMM of the same size, d = (s_local s head_dim)^(1/3): "
@@ -164,7 +189,7 @@ class MachineModel(Spec):
                          "are modelled (FlashAttention-2 recomputes Q K^T: 2.5 x forward). Fitted per device kind, "
                          "at least 0.3 for GPUs (calibration/fit_published.py)."
     )
-    memory_bandwidth_gbyte_s: PosFloat = Field(description="Device memory bandwidth (GB/s) for elementwise ops and the optimizer.")
+    memory_bandwidth_gbyte_s: Rate = Field(description="Device memory bandwidth (GB/s) for elementwise ops and the optimizer.")
     elementwise_efficiency: float = Field(
         1.0, gt=0, le=1, description="Fraction of memory_bandwidth_gbyte_s that a block's memory-bound elementwise "
                                      "kernels (norms, residual adds, activations, RoPE, layout copies, the loss's "
@@ -173,43 +198,43 @@ class MachineModel(Spec):
                                      "(calibration/fit_published.py); 1 (the default): the copy bandwidth."
     )
     flash_attention: bool = Field(True, description="Fused attention that never stores the s x s scores.")
-    intra_node_bandwidth_gbyte_s: PosFloat = Field(description="Intra-node fabric bandwidth per device per direction (GB/s).")
-    intra_node_latency_us: PosFloat = Field(description="Latency of one intra-node message (microseconds).")
-    nics_per_node: PosInt = Field(description="Network interfaces per node.")
-    nic_gbit_s: PosFloat = Field(description="Bandwidth per NIC per direction (Gbit/s).")
-    inter_node_latency_us: PosFloat = Field(description="Latency of one inter-node message (microseconds).")
+    intra_node_bandwidth_gbyte_s: Rate = Field(description="Intra-node fabric bandwidth per device per direction (GB/s).")
+    intra_node_latency_us: PosTime = Field(description="Latency of one intra-node message (microseconds).")
+    nics_per_node: Count = Field(description="Network interfaces per node.")
+    nic_gbit_s: Rate = Field(description="Bandwidth per NIC per direction (Gbit/s).")
+    inter_node_latency_us: PosTime = Field(description="Latency of one inter-node message (microseconds).")
     topology: TopologyKind = Field(TopologyKind.fat_tree, description="Kind of inter-node fabric.")
     global_bandwidth_taper: Fraction = Field(
         1.0, description="Fraction of injection bandwidth available between dragonfly groups (1 = full)."
     )
-    nodes_per_group: PosInt = Field(128, description="Nodes per dragonfly group (or leaf switch).")
+    nodes_per_group: Annotated[int, Field(gt=0, le=MAX_NODES)] = Field(128, description="Nodes per dragonfly group (or leaf switch).")
     network_efficiency: Fraction = Field(0.85, description="Achievable fraction of link bandwidth for collectives.")
     collective_library: CollectiveLibrary = Field(description="nccl, rccl, oneccl or gloo.")
-    algorithms: list[Algorithm] = Field(description="Allreduce algorithms the library can be told to use.")
-    nodes: PosInt = Field(description="Nodes in the whole system.")
+    algorithms: list[Algorithm] = Field(max_length=len(Algorithm), description="Allreduce algorithms the library can be told to use.")
+    nodes: Annotated[int, Field(gt=0, le=MAX_NODES)] = Field(description="Nodes in the whole system.")
     overlap: Overlap = Field(default_factory=Overlap)
     collective_efficiency: CollectiveEfficiency = Field(default_factory=CollectiveEfficiency)
     dp_buffer_copies: float = Field(
-        0.0, ge=0, description="Passes (a read and a write each) over every data-parallel collective's buffer that "
+        0.0, ge=0, le=1000, description="Passes (a read and a write each) over every data-parallel collective's buffer that "
                                "the framework makes around it, in line (FSDP2's copy-in/copy-out on a CPU: 2; on GPUs "
                                "they run on the communication stream: 0)."
     )
-    optimizer_bytes_per_param: PosFloat | None = Field(
+    optimizer_bytes_per_param: Annotated[float, Field(gt=0, le=1e6)] | None = Field(
         None, description="Memory traffic of one AdamW step per parameter of the shard (bytes; default 28 fp32, 30 "
                           "mixed: a fused kernel's one pass). Unfused per-tensor optimizers on CPUs move 2-3x that."
     )
-    op_overhead_us: float = Field(
-        0.0, ge=0, description="Framework cost of launching one operator (Python dispatch, autograd, kernel launch), "
+    op_overhead_us: Time = Field(
+        0.0, description="Framework cost of launching one operator (Python dispatch, autograd, kernel launch), "
                                "microseconds; matters for small models and CPUs."
     )
-    dtensor_op_overhead_us: float = Field(
-        0.0, ge=0, description="Extra framework cost of one operator on tensor-parallel DTensors (sharding propagation, "
+    dtensor_op_overhead_us: Time = Field(
+        0.0, description="Extra framework cost of one operator on tensor-parallel DTensors (sharding propagation, "
                                "redistribution), microseconds; paid by every block's operators when tp > 1."
     )
-    step_overhead_s: float = Field(
-        0.0, ge=0, description="Fixed cost of every optimizer step in the training framework (launches, clipping, loss sync), s."
+    step_overhead_s: Time = Field(
+        0.0, description="Fixed cost of every optimizer step in the training framework (launches, clipping, loss sync), s."
     )
-    memory_reserve_gib: float = Field(2.0, ge=0, description="Per device: runtime context, workspace (GiB).")
+    memory_reserve_gib: float = Field(2.0, ge=0, le=MAX_SIZE_GIB, description="Per device: runtime context, workspace (GiB).")
     fragmentation_fraction: Fraction = Field(0.1, description="Extra fraction of allocated memory lost to fragmentation.")
     calibrated: bool = Field(False, description="True when the efficiency figures were measured or fitted.")
     launch: LaunchSettings | None = Field(
@@ -275,13 +300,13 @@ class FrameworkProfile(Spec):
     achieves (fitted per framework from its published runs) and what it offers. Profiles are
     data (machine_models/frameworks.yaml); `exaplan plan --framework NAME` picks one."""
 
-    name: str = Field("exaplan", description="exaplan (torch FSDP2/DDP/pipelining), megatron, deepspeed, ...")
-    description: str = Field("", description="What the profile stands for and where its figures come from.")
+    name: Name = Field("exaplan", description="exaplan (torch FSDP2/DDP/pipelining), megatron, deepspeed, ...")
+    description: Text = Field("", description="What the profile stands for and where its figures come from.")
     overlap_dp: Fraction | None = Field(
         None, description="Hidden fraction of data-parallel traffic (fitted); None: the machine's own figure "
                           "(its device kind's, fitted for exaplan's runtime).")
-    step_overhead_s: float | None = Field(
-        None, ge=0, description="Fixed cost of every optimizer step (fitted), s; None: the machine's own figure.")
+    step_overhead_s: Time | None = Field(
+        None, description="Fixed cost of every optimizer step (fitted), s; None: the machine's own figure.")
     overlap_tp: Fraction = Field(0.0, description="Hidden fraction of tensor-parallel traffic (Megatron's "
                                                   "--tp-comm-overlap: 1).")
     flash_attention: bool = Field(True, description="Uses fused attention where the device has it.")
@@ -290,15 +315,15 @@ class FrameworkProfile(Spec):
         False, description="Pipeline sends split over the tensor-parallel ranks even without sequence parallelism "
                            "(Megatron's scatter/gather of p2p messages).")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction.")
-    loss_bytes_per_logit: PosFloat = Field(
+    loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
         8.0, description="Memory the loss holds per logit (torch's eager cross-entropy 8; Megatron's vocab-parallel "
                          "or a fused kernel 4): planner/cost/memory.py.")
-    ddp_buckets_mb: list[PosFloat] = Field(default_factory=lambda: [25.0, 100.0, 400.0],
+    ddp_buckets_mb: list[Annotated[float, Field(gt=0, le=1e6)]] = Field(default_factory=lambda: [25.0, 100.0, 400.0], max_length=64,
                                            description="DDP gradient bucket sizes the framework can use (MB).")
-    zero_bucket_params: PosFloat = Field(25 * 2**20 / 4, description="ZeRO-1/2 gradient bucket, parameters (exaplan's "
+    zero_bucket_params: Annotated[float, Field(gt=0, le=1e15)] = Field(25 * 2**20 / 4, description="ZeRO-1/2 gradient bucket, parameters (exaplan's "
                                                                      "runtime: 25 MiB of fp32).")
     zero_bucket_params_per_rank: float = Field(
-        0.0, ge=0, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
+        0.0, ge=0, le=1e15, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
     shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
                                       description="Data-parallel shardings the framework runs.")
 
@@ -347,8 +372,9 @@ class Reference(str, Enum):
 class TrainingJob(Spec):
     """What to train: batch held fixed, sequence length, precision, token budget."""
 
-    global_batch: PosInt = Field(description="Sequences per optimizer step (dpo: pairs); never changed by the search.")
-    seq_len: PosInt = Field(description="Tokens per sequence.")
+    global_batch: Annotated[int, Field(gt=0, le=MAX_BATCH)] = Field(
+        description="Sequences per optimizer step (dpo: pairs); never changed by the search.")
+    seq_len: Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)] = Field(description="Tokens per sequence.")
     precision: Precision = Field(Precision.bf16, description="Compute precision; accumulation and reduction are fp32.")
     optimizer: Literal["adamw"] = Field("adamw", description="Optimizer (AdamW: two fp32 moments per parameter).")
     workload: Workload = Field(Workload.pretrain, description="pretrain, or dpo (each sample a chosen and a rejected sequence).")
@@ -356,7 +382,7 @@ class TrainingJob(Spec):
         Reference.in_step, description="dpo: the frozen reference model runs in every step (in-step: its forward "
                                        "passes and its parameters count), or its log-probabilities were precomputed."
     )
-    token_budget: float = Field(1e9, gt=0, description="Tokens to train on, for time-to-train.")
+    token_budget: float = Field(1e9, gt=0, le=MAX_TOKENS, description="Tokens to train on, for time-to-train.")
     framework: FrameworkProfile = Field(default_factory=FrameworkProfile,
                                         description="The training software (default: exaplan's own runtime).")
 
@@ -385,6 +411,27 @@ def is_power_of_two(n: int) -> bool:
 
 
 def divisors(n: int) -> list[int]:
-    """All positive divisors of n, ascending."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    """All positive divisors of n, ascending (from its prime factors: fast for the worlds of
+    huge machines, 2^44 ranks included; cached, so callers must not mutate the list)."""
+    return list(_divisors(n))
+
+
+@lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
+    out = [1]
+    for p, k in _factorise(n).items():
+        out = [d * p**e for d in out for e in range(k + 1)]
+    return tuple(sorted(out))
+
+
+def _factorise(n: int) -> dict[int, int]:
+    factors: dict[int, int] = {}
+    p = 2
+    while p * p <= n:
+        while n % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            n //= p
+        p += 1 if p == 2 else 2
+    if n > 1:
+        factors[n] = factors.get(n, 0) + 1
+    return factors

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from planner.schema.errors import PlanError
+from planner.schema.specs import MAX_NODES
 
 
 def positive_finite(value: float | None, option: str) -> float | None:
@@ -36,8 +37,22 @@ def positive_int(value: int | None, option: str) -> int | None:
     return value
 
 
+MAX_NODE_COUNTS = 256  # node counts in one sweep
+
+
 def parse_nodes(spec: str | list[int]) -> list[int]:
-    """'LO:HI' -> LO, 2 LO, 4 LO, ... up to HI; '64,128,300' -> that list (sorted, unique)."""
+    """'LO:HI' -> LO, 2 LO, 4 LO, ... up to HI; '64,128,300' -> that list (sorted, unique);
+    each at most MAX_NODES (the schema's bound on a system), at most MAX_NODE_COUNTS of them."""
+    counts = _parse_nodes(spec)
+    if counts[-1] > MAX_NODES:
+        raise PlanError(f"{counts[-1]} nodes: at most {MAX_NODES:,} (the largest system a machine file may describe)",
+                        field="nodes")
+    if len(counts) > MAX_NODE_COUNTS:
+        raise PlanError(f"{len(counts)} node counts: at most {MAX_NODE_COUNTS} in one sweep", field="nodes")
+    return counts
+
+
+def _parse_nodes(spec: str | list[int]) -> list[int]:
     if isinstance(spec, (list, tuple)):
         counts = [positive_int(n, "nodes") for n in spec]
         if not counts:
