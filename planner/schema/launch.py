@@ -9,8 +9,9 @@ on machine names: a user's own machine file with this section gets job scripts u
 
 Environment names, from a machine file or a plan, must start with one of ENV_PREFIXES (the
 allow-list, shared with anything else that writes an environment into a script); the names in
-REFUSED_ENV_NAMES and every PYTHON* name are refused whatever their prefix, since they change
-which code runs.
+REFUSED_ENV_NAMES and every PYTHON* and LD_* name are refused whatever their prefix, since they
+change which code runs; values are printable ASCII without shell quoting characters, at most
+ENV_VALUE_MAX long (`env_problems`, checked when a machine file or a plan is loaded).
 
 This module is not part of a plan file: `MachineModel.launch` is excluded from a plan's dump
 (and its content hash), so plans stay the planner's contract and the launch settings are read
@@ -50,6 +51,35 @@ def env_name_problem(name: str) -> str | None:
     if not name.startswith(ENV_PREFIXES):
         return f"{name} is not on the allow-list of prefixes ({', '.join(ENV_PREFIXES)})"
     return None
+
+
+# Values: printable ASCII, at most ENV_VALUE_MAX characters, and none of the characters that
+# mean something to a shell even inside double quotes (` $ \ " '): a value is data.
+ENV_VALUE_MAX = 256
+_ENV_VALUE_RE = re.compile(r"""^[ !#%&()*+,\-./0-9:;<=>?@A-Z\[\]^_a-z{|}~]*$""")
+ENV_MAX_NAMES = 64
+
+
+def env_value_problem(name: str, value) -> str | None:
+    """Why an environment variable's value may not enter a job script or a rank, or None."""
+    if not isinstance(value, str):
+        return f"{name}: the value must be a string, got {type(value).__name__}"
+    if len(value) > ENV_VALUE_MAX:
+        return f"{name}: the value has {len(value)} characters, at most {ENV_VALUE_MAX}"
+    if not _ENV_VALUE_RE.match(value):
+        return (f"{name}: the value {value[:40]!r} may hold only printable ASCII without quotes, backslashes, "
+                "$ or backticks")
+    return None
+
+
+def env_problems(env: dict) -> list[str]:
+    """Every reason the environment `env` (names and values) may not be set: the one check of
+    a plan's `collectives.env` and of a machine file's `launch.env`."""
+    if len(env) > ENV_MAX_NAMES:
+        return [f"{len(env)} variables, at most {ENV_MAX_NAMES}"]
+    problems = [env_name_problem(k) for k in env]
+    problems += [env_value_problem(k, v) for k, v in env.items()]
+    return [p for p in problems if p]
 
 
 def header_value_problem(value: str) -> str | None:
@@ -161,7 +191,7 @@ class LaunchSettings(_Section):
     @field_validator("env")
     @classmethod
     def _allowed_env(cls, env: dict[str, str]) -> dict[str, str]:
-        problems = [p for p in (env_name_problem(k) for k in env) if p]
+        problems = env_problems(env)
         if problems:
             raise ValueError("; ".join(problems))
         return env

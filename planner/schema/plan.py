@@ -20,6 +20,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from planner.schema.errors import PlanError, format_validation_error
+from planner.schema.launch import env_problems
 from planner.schema.specs import (  # noqa: F401 - the layout enums are part of the plan's API
     Algorithm, Fraction, MachineModel, ModelSpec, PosInt, Recompute, Schedule, Sharding, Spec, TrainingJob,
 )
@@ -111,7 +112,18 @@ class CollectiveChoice(Spec):
 class Collectives(Spec):
     library: str
     communicators: dict[Communicator, CollectiveChoice] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict, description="Set before the process group starts.")
+    env: dict[str, str] = Field(default_factory=dict, description="Set before the process group starts: names on the "
+                                "allow-list of planner/schema/launch.py (LD_*, PATH, PYTHON* refused), printable values.")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _allowed_env(cls, env):
+        """A tampered plan (re-hashed, so the hash cannot tell) still cannot set the loader's or
+        Python's variables nor a shell string: the same check as `exaplan launch`'s."""
+        problems = env_problems(env) if isinstance(env, dict) else []
+        if problems:
+            raise ValueError("; ".join(problems))
+        return env
 
 
 class StepTimeBreakdown(Spec):
@@ -349,6 +361,8 @@ def load_plan(path: str | Path) -> Plan:
         text = path.read_text()
     except OSError as e:
         raise PlanError(f"cannot read plan file: {e.strerror}", field=str(path)) from None
+    except UnicodeDecodeError:
+        raise PlanError("cannot read plan file: not UTF-8 text", field=str(path)) from None
     try:
         data = yaml.safe_load(text)  # JSON is YAML
     except yaml.YAMLError as e:

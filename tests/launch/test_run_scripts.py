@@ -74,7 +74,13 @@ HOSTILE = "$(touch PWNED1)`touch PWNED2`; touch PWNED3; echo 'q\"uote\n touch PW
 @pytest.mark.timeout(300)
 def test_a_hostile_plan_runs_nothing_injected(tmp_path, testbox, tiny_plan, fakebin):
     plan = load_plan(tiny_plan)
-    plan.collectives.env["NCCL_DEBUG_SUBSYS"] = HOSTILE
+    tampered = plan.model_copy(deep=True)
+    tampered.collectives.env["NCCL_DEBUG_SUBSYS"] = HOSTILE  # (a dict edit is not validated on assignment)
+    write_plan(tampered, tmp_path / "env.yaml")
+    refused = exaplan("launch", str(tmp_path / "env.yaml"), "--machine", str(testbox), "--scheduler", "slurm",
+                      "-o", str(tmp_path / "env.sh"), check=False)
+    # A shell string in a plan's environment is refused when the plan is loaded (re-hashed or not).
+    assert refused.returncode == 2 and "collectives.env" in refused.stderr and not (tmp_path / "env.sh").exists()
     plan.model.name = "tiny" + HOSTILE.replace("\n", " ")  # (a newline here breaks the plan file's header comment)
     path = tmp_path / "hostile.yaml"
     write_plan(plan, path)

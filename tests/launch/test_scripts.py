@@ -223,5 +223,5 @@ def test_a_plan_environment_outside_the_allow_list_is_refused(tmp_path, capsys, 
         plan.collectives.env[name] = "/tmp/evil.so"
         path = tmp_path / f"{name}.yaml"
         write_plan(plan, path)
-        err = _launch_fails(capsys, [str(path), "--machine", str(testbox)], tmp_path / "job.sh", "plan.collectives.env")
+        err = _launch_fails(capsys, [str(path), "--machine", str(testbox)], tmp_path / "job.sh", "collectives.env")  # refused when the plan is loaded
         assert name in err
