@@ -14,16 +14,19 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Under a launcher: run as one rank. Otherwise check what can be checked, prepare the
-    data once, and start the plan's ranks through torchrun (each runs `runtime.trainer`
-    with the same options)."""
-    from runtime import launch
-    from runtime.options import check_before_launch, check_run_args
+    """Check every option, that torch imports and (on a workstation) that the plan fits this
+    machine, before anything is prepared or created (runtime/preflight.py). Under a launcher:
+    run as one rank. Otherwise take the --out lock, prepare the data once, and start the
+    plan's ranks through torchrun (each runs `runtime.trainer` with the same options)."""
+    from runtime import launch, preflight
+    from runtime.options import check_run_args
 
+    preflight.check_options(args)
+    preflight.require_torch()
     plan = check_run_args(args)
     if launch.detect() is not None:
         from runtime import trainer
 
         return trainer.run_rank(args)
-    check_before_launch(args, plan)
-    return launch.spawn_local(plan, args.argv[args.argv.index("run") + 1:], out=args.out)
+    preflight.check_fits_this_machine(plan)
+    return launch.start_locally(plan, args, args.argv[args.argv.index("run") + 1:])

@@ -86,15 +86,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_local(plan: Plan, trainer_args: list[str], out: str | Path | None = None) -> int:
+def start_locally(plan: Plan, args, trainer_args: list[str]) -> int:
+    """`exaplan run` on a workstation, after every option and the plan were checked
+    (runtime/preflight.py): take the --out lock (runtime/runlock.py), prepare the data once,
+    start the ranks. A refusal on the way (a busy --out, bad data, no checkpoint to resume)
+    removes --out again when this call created it, so nothing is left behind."""
+    import shutil
+
+    from runtime.options import check_before_launch
+    from runtime.runlock import OWNER_ENV, RunLock
+
+    out = Path(args.out)
+    created = not out.exists()
+    lock = RunLock(out, getattr(args, "argv", None))
+    try:
+        lock.acquire()
+        check_before_launch(args, plan)
+    except BaseException:
+        lock.release()
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    try:
+        return spawn_local(plan, trainer_args, out=out, env={OWNER_ENV: f"{socket.gethostname()}:{os.getpid()}"})
+    finally:
+        lock.release()
+
+
+def spawn_local(plan: Plan, trainer_args: list[str], out: str | Path | None = None, env: dict | None = None) -> int:
     """Start the plan's ranks on this machine through torchrun; returns the exit code.
 
     SIGUSR1 and SIGTERM sent to this process go on to the ranks (runtime/walltime.py), which
     save and exit; their exit becomes EXIT_REQUEUE (85) when rank 0 recorded the stop in
-    OUT/stopped.json (torchrun itself reports any non-zero exit of a rank as 1)."""
+    OUT/stopped.json (torchrun itself reports any non-zero exit of a rank as 1). SIGINT and
+    SIGHUP go on as SIGTERM (the ranks save) and the exit code is 130 / 129. torchrun runs in
+    its own session (a terminal's Ctrl-C reaches this process only, which decides) and dies
+    with this process (parent-death signal); its ranks then stop on their own (ParentWatchdog)."""
     from runtime.options import EXIT_REQUEUE
     from runtime.startup import raise_nofile_limit
-    from runtime.walltime import STOPPED_FILE, Forwarder, ignore_stop_signals
+    from runtime.walltime import STOPPED_FILE, Forwarder, launcher_preexec
 
     if plan.nodes != 1:
         raise PlanError(f"this plan spans {plan.nodes} nodes: start it on every node with srun, mpiexec or torchrun "
@@ -102,7 +132,7 @@ def spawn_local(plan: Plan, trainer_args: list[str], out: str | Path | None = No
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(plan.ranks_per_node),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0",
            "-m", "runtime.trainer", *trainer_args]
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.ranks_per_node)))
     # torchrun keeps SIGTERM ignored (it would otherwise kill the ranks 30 s later, mid-save).
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"
@@ -111,11 +141,9 @@ def spawn_local(plan: Plan, trainer_args: list[str], out: str | Path | None = No
     if stopped is not None:
         stopped.unlink(missing_ok=True)  # a previous segment's
     with Forwarder() as fwd:
-        fwd.proc = subprocess.Popen(cmd, env=env, preexec_fn=ignore_stop_signals)
+        fwd.proc = subprocess.Popen(cmd, env=env, preexec_fn=launcher_preexec, start_new_session=True)
         code = fwd.proc.wait()
-    if code != 0 and stopped is not None and stopped.exists():
-        return EXIT_REQUEUE
-    return code
+    return fwd.exit_code(code, stopped is not None and stopped.exists(), EXIT_REQUEUE)
 
 
 def device_and_backend() -> tuple[str, str]:

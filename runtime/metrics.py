@@ -148,10 +148,11 @@ class MetricsWriter:
     """Per-step metrics to metrics.jsonl (and TensorBoard), the summary at the end.
 
     Only rank 0 should pass enabled=True; a disabled writer does nothing and returns {}.
-    `device` (optional) only labels what the peak memory means in the summary."""
+    `device` (optional) only labels what the peak memory means in the summary; `purge_step`
+    (a resumed run: the checkpoint's step) drops TensorBoard's events from that step on."""
 
     def __init__(self, out_dir: str | Path, plan: Plan, enabled: bool = True, *, warmup_steps: int = WARMUP_STEPS,
-                 tensorboard: bool = True, console=None, device=None):
+                 tensorboard: bool = True, console=None, device=None, purge_step: int | None = None):
         self.out_dir = Path(out_dir)
         self.plan = plan
         self.enabled = enabled
@@ -169,7 +170,7 @@ class MetricsWriter:
         self.path = self.out_dir / "metrics.jsonl"
         self._file = open(self.path, "a")
         if tensorboard:
-            self._tb = _summary_writer(self.out_dir / "tensorboard")
+            self._tb = _summary_writer(self.out_dir / "tensorboard", purge_step)
 
     # ------------------------------------------------------------------------------ logging
 
@@ -385,8 +386,10 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
 
 
-def _summary_writer(log_dir: Path):
-    """torch.utils.tensorboard's SummaryWriter, or None (one warning) without `tensorboard`."""
+def _summary_writer(log_dir: Path, purge_step: int | None = None):
+    """torch.utils.tensorboard's SummaryWriter, or None (one warning) without `tensorboard`.
+    `purge_step` (a resumed run's checkpoint step): TensorBoard hides the events of that step
+    and later from the earlier event files, so the steps a resume repeats appear once."""
     global _warned_no_tensorboard
     try:
         import tensorboard  # noqa: F401  (torch.utils.tensorboard needs it)
@@ -396,4 +399,4 @@ def _summary_writer(log_dir: Path):
             log.warning("tensorboard is not installed: metrics go to metrics.jsonl only (pip install tensorboard)")
             _warned_no_tensorboard = True
         return None
-    return SummaryWriter(log_dir=str(log_dir))
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)

@@ -22,7 +22,12 @@ DESCRIPTION = ("Train the protein LM as the plan says. On a workstation this sta
 EPILOG = (f"Walltime: on SIGUSR1 or SIGTERM every rank finishes its optimizer step, the ranks agree, save a complete "
           f"checkpoint, record why they stopped (metrics.jsonl, summary.json, OUT/stopped.json) and exit with "
           f"{EXIT_REQUEUE} (EXIT_REQUEUE): requeue the job with --resume to continue (e.g. Slurm "
-          f"`--signal=USR1@120`). Exit codes: 0 done, 2 bad input, {EXIT_REQUEUE} stopped for requeue, other: failed.")
+          f"`--signal=USR1@120`). On a workstation SIGINT (Ctrl-C) and SIGHUP stop the ranks the same way (a second "
+          f"Ctrl-C kills them); if `exaplan run` itself is killed, its ranks save and stop on their own (SIGKILL "
+          f"after EXAPLAN_ORPHAN_GRACE_S, 120 s). --out is locked while a run writes to it (a second run is refused, "
+          f"a stale lock taken over). Exit codes: 0 done, 2 bad input (nothing started, nothing written), "
+          f"{EXIT_REQUEUE} stopped by SIGUSR1/SIGTERM after a checkpoint (requeue with --resume), 130 stopped by "
+          f"SIGINT, 129 by SIGHUP (after a checkpoint), 137 killed, other: failed (1: a rank failed).")
 
 
 def add_run_arguments(ap: argparse.ArgumentParser) -> None:
@@ -70,7 +75,9 @@ def check_run_args(args: argparse.Namespace):
     workload), so that bad input is refused with exit code 2 before any rank starts.
     Returns the plan."""
     from planner.schema.plan import load_plan
+    from runtime.preflight import check_options
 
+    check_options(args)
     plan = load_plan(args.plan)
     if plan.job.workload.value == "dpo" or args.init or args.pairs or args.reference or args.precompute_reference \
             or args.beta is not None or args.label_smoothing is not None:  # (runtime.dpo imports torch: only then)

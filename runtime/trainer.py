@@ -44,17 +44,28 @@ def run_rank(args, stop=None) -> int:
     """This process as one rank of a launched job (torchrun, srun, mpiexec): the stop signals
     handled, the open-files limit raised, stdout and stderr also to OUT/logs/rank-N.log; then
     `train`. Returns 0, or EXIT_REQUEUE (85) when a signal stopped the run after a checkpoint."""
+    import os
+
     from runtime import launch
+    from runtime.runlock import OWNER_ENV, RunLock
     from runtime.startup import raise_nofile_limit, tee_rank_log
-    from runtime.walltime import StopSignal
+    from runtime.walltime import ParentWatchdog, StopSignal
 
     renv = launch.detect()
     stop = stop or StopSignal().install()
     stop.rank = renv.rank if renv is not None else None
     raise_nofile_limit()
-    if renv is not None:
-        tee_rank_log(Path(args.out), renv.rank)
-    return train(args, stop)
+    ParentWatchdog().start()  # the launcher gone: save, stop (never an orphan)
+    lock = None
+    if renv is not None and renv.rank == 0 and not os.environ.get(OWNER_ENV):
+        lock = RunLock(args.out).acquire()  # under srun / mpiexec: rank 0 owns --out
+    try:
+        if renv is not None:
+            tee_rank_log(Path(args.out), renv.rank)
+        return train(args, stop)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def train(args, stop=None) -> int:
@@ -202,7 +213,8 @@ def _open_run_folder(run: _Run, out: Path):
         out.mkdir(parents=True, exist_ok=True)
         if Path(run.args.plan).resolve() != (out / "plan.yaml").resolve():
             shutil.copyfile(run.args.plan, out / "plan.yaml")
-    writer = metrics.MetricsWriter(out, run.plan, enabled=run.rank == 0, device=run.device)
+    writer = metrics.MetricsWriter(out, run.plan, enabled=run.rank == 0, device=run.device,
+                                   purge_step=run.resumed["step"] if run.resumed else None)
     if run.resumed:
         writer.log_event("resume", **run.resumed)
     return writer

@@ -97,23 +97,40 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+# Signals the `exaplan run` parent passes on: the stop signals as they are; SIGINT (Ctrl-C,
+# `kill -INT`) and SIGHUP (the terminal closed) as SIGTERM, so that the ranks save too; the
+# parent then exits 128 + the signal (130, 129). A second SIGINT kills the ranks at once.
+PARENT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class Forwarder:
     """In the `exaplan run` parent: SIGUSR1 / SIGTERM go on to the ranks torchrun started
-    (its children), once; `received` names the first signal."""
+    (its children), SIGINT / SIGHUP go on as SIGTERM; `received` names the first signal,
+    `killed` says a second SIGINT ended the ranks with SIGKILL."""
 
     def __init__(self):
         self.proc = None
         self.received: str | None = None
+        self.killed = False
         self._old: dict = {}
 
     def __enter__(self) -> "Forwarder":
-        for sig in STOP_SIGNALS:
+        for sig in PARENT_SIGNALS:
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+    def exit_code(self, code: int, stopped: bool, requeue: int) -> int:
+        """The parent's exit code: 85 when a stop signal made the ranks save; 128 + signal
+        (130 SIGINT, 129 SIGHUP) when those stopped the run; else torchrun's."""
+        if self.received in ("SIGINT", "SIGHUP"):
+            return 128 + int(signal.Signals[self.received])
+        if code != 0 and stopped:
+            return requeue
+        return code
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         name = signal.Signals(signum).name
@@ -122,10 +139,83 @@ class Forwarder:
         if self.proc is None or self.proc.poll() is not None:
             return
         ranks = child_pids(self.proc.pid)
+        if not first and signum == signal.SIGINT:
+            print("exaplan run: SIGINT again: killing the ranks", file=sys.stderr, flush=True)
+            self.killed = True
+            for pid in [*ranks, self.proc.pid]:
+                _kill(pid, signal.SIGKILL)
+            return
+        passed = signum if signum in STOP_SIGNALS else signal.SIGTERM
         if first:
-            print(f"exaplan run: {name}: forwarding to the ranks ({len(ranks)} processes)", file=sys.stderr, flush=True)
+            how = "" if passed == signum else f" as {passed.name} (save and stop)"
+            print(f"exaplan run: {name}: forwarding to the ranks ({len(ranks)} processes){how}", file=sys.stderr,
+                  flush=True)
         for pid in ranks:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+            _kill(pid, passed)
+
+
+def _kill(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig=signal.SIGKILL) -> bool:
+    """Linux: this process gets `sig` when its parent dies (prctl PR_SET_PDEATHSIG; kept across
+    exec). For a preexec_fn. False where unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def launcher_preexec() -> None:
+    """preexec_fn of the torchrun that `exaplan run` starts: the stop signals ignored (see
+    above), and SIGKILL when the `exaplan run` parent dies (kill -9 included), so it cannot
+    live on alone; its ranks then notice their parent is gone (ParentWatchdog)."""
+    ignore_stop_signals()
+    set_parent_death_signal(signal.SIGKILL)
+
+
+ORPHAN_GRACE_ENV = "EXAPLAN_ORPHAN_GRACE_S"
+
+
+class ParentWatchdog:
+    """In each rank: a daemon thread that notices the rank's parent (torchrun, srun's step
+    daemon, mpiexec's proxy) is gone, i.e. the rank was reparented. It then stops the run as
+    SIGTERM does (the ranks agree, save a complete checkpoint, exit 85), and SIGKILLs the rank
+    if that has not happened within the grace period (EXAPLAN_ORPHAN_GRACE_S, 120 s): a rank
+    whose peers are gone too would wait in a collective forever. No rank outlives its launcher
+    by more than that."""
+
+    def __init__(self, poll_s: float = 0.5, grace_s: float | None = None):
+        self.parent = os.getppid()
+        self.poll_s = poll_s
+        self.grace_s = float(os.environ.get(ORPHAN_GRACE_ENV, "120")) if grace_s is None else grace_s
+        self.orphaned_at: float | None = None
+
+    def start(self) -> "ParentWatchdog":
+        import threading
+
+        if self.parent > 1:
+            threading.Thread(target=self._watch, name="exaplan-parent-watchdog", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        while os.getppid() == self.parent:
+            time.sleep(self.poll_s)
+        self.orphaned_at = time.time()
+        os.write(2, f"exaplan run: rank {os.getpid()}: the launcher (pid {self.parent}) is gone: saving a "
+                    f"checkpoint and stopping (SIGKILL in {self.grace_s:g} s)\n".encode())
+        _kill(os.getpid(), signal.SIGTERM)
+        time.sleep(self.grace_s)
+        _kill(os.getpid(), signal.SIGKILL)
