@@ -93,8 +93,8 @@ def run_whatif(*, model: str | list[str], machine: str | list[str], nodes: str |
         result.deadline = questions.deadline(points, deadline_days, minimise)
     if fastest:
         result.fastest = questions.fastest(points)
-    result.warnings = questions.batch_warnings(points, cases, tokens, seq_len) + questions.other_warnings(
-        points, minimise)
+    result.warnings = (questions.batch_warnings(points, cases, tokens, seq_len) + questions.slowdown_warnings(points)
+                       + questions.other_warnings(points, minimise))
     result.seconds = time.perf_counter() - start
     return result
 

@@ -1,6 +1,6 @@
 """The questions asked of a sweep's points: scaling efficiency and its knee, the deadline
 (fewest nodes, cheapest point, or the best achievable), the fastest machine, and warnings
-(a global batch past the critical-batch estimate)."""
+(a global batch past the critical-batch estimate; fewer tokens/s at more nodes under weak scaling)."""
 
 from __future__ import annotations
 
@@ -142,6 +142,34 @@ def batch_warnings(points: list[WhatifPoint], cases, tokens: float, seq_len: int
                    f"{where} exceeds the critical-batch estimate {b:.3g} tokens for {tokens:.3g} training tokens by "
                    f"{p.global_batch_tokens / b:.1f}x ({batch_rule.SOURCE}); past it the same compute reaches a "
                    f"higher loss")
+    return out
+
+
+def slowdown_warnings(points: list[WhatifPoint]) -> list[str]:
+    """Weak scaling (the same sequences per rank at every node count of a curve): one warning per
+    fitting point that gives fewer tokens/s than a smaller node count of its curve, and why. Odd
+    counts do it: 7 Aurora nodes (84 ranks) train protein-3.5b slower than 6 (72 ranks), since a
+    factor 7 divides neither its 16 layers nor its 32 heads and the legal layouts are slower."""
+    out = []
+    for ps in groups(points).values():
+        fit = [p for p in ps if p.fits]
+        for i, p in enumerate(fit):
+            best = max(fit[:i], key=lambda q: q.tokens_per_s, default=None)
+            if best is None or p.tokens_per_s >= best.tokens_per_s:
+                continue
+            if p.global_batch_seqs * best.ranks != best.global_batch_seqs * p.ranks:
+                continue  # the batch per rank differs (one global batch): the knee tells
+            per_rank = p.global_batch_seqs / p.ranks
+            if p.ranks % best.ranks:
+                why = (f"{p.ranks:,} ranks are not a multiple of {best.ranks:,}, so {best.nodes:,} nodes' layout "
+                       f"cannot just add data-parallel replicas, and the layouts of {p.ranks:,} ranks are slower "
+                       f"(best: {p.layout}); node counts that multiply the smaller one avoid it")
+            else:
+                why = (f"the step time grows faster than the ranks ({p.step_time_s:.3g} s against "
+                       f"{best.step_time_s:.3g} s)")
+            out.append(f"{_label(p)}: {p.nodes:,} nodes give fewer tokens/s than {best.nodes:,} nodes "
+                       f"({p.tokens_per_s:,.0f} against {best.tokens_per_s:,.0f}) at the same {per_rank:g} "
+                       f"sequence{'' if per_rank == 1 else 's'} per rank: {why}")
     return out
 
 
