@@ -61,12 +61,15 @@ def add_parser(sub) -> None:
     add_json_option(w, "print the result as JSON (points, answers, inputs) instead of tables")
     w.add_argument("--csv", metavar="FILE", help="also write one CSV row per point")
     w.add_argument("--report", metavar="FILE.html", help="also write the self-contained HTML report with its plots")
+    w.add_argument("--plots", metavar="DIR", help="also save the plots as PNG files in DIR, created if missing: "
+                                                  "scaling.png, pareto.png, and heatmap.png with two varied fields")
 
 
 def run(args: argparse.Namespace) -> int:
     from planner.whatif import run_whatif
 
     writer = _report_writer() if args.report else None
+    plots = _plots_saver(args.plots) if args.plots else None
     bar = ProgressBar(enabled=not args.json and sys.stderr.isatty())
     try:
         result = run_whatif(
@@ -83,12 +86,16 @@ def run(args: argparse.Namespace) -> int:
         _write(lambda: write_csv(result, args.csv), "csv")
     if writer is not None:
         _write(lambda: writer(result, args.report), "report")
+    saved = plots(result) if plots is not None else []
     if args.json:
         from cli.common import print_json
 
         print_json(result.as_json())
         return 0
-    print_result(result, console())
+    out = console()
+    print_result(result, out)
+    if plots is not None:
+        out.print(f"plots in {args.plots}: {', '.join(p.name for p in saved) or 'none (nothing fits)'}")
     return 0
 
 
@@ -107,6 +114,33 @@ def _report_writer():
     except ImportError:
         raise PlanError("the report needs report/whatif.py", field="report") from None
     return write_report
+
+
+def _plots_saver(directory: str):
+    """--plots DIR, checked before any work: an existing directory, or one whose nearest existing
+    ancestor is a writable directory (exit 2 naming --plots otherwise). The saver draws every plot,
+    then writes each PNG to a temporary file and renames it (report.plots.save_plots)."""
+    import os
+    from pathlib import Path
+
+    try:
+        from report.plots import save_plots
+    except ImportError:
+        raise PlanError("the plots need report/plots.py", field="plots") from None
+    path = Path(directory)
+    probe = next(a for a in (path, *path.absolute().parents) if a.exists() or a.is_symlink())
+    why = ("a broken link" if not probe.exists() else "not a directory" if not probe.is_dir()
+           else "not writable" if not os.access(probe, os.W_OK | os.X_OK) else "")
+    if why:
+        raise PlanError(f"cannot create the directory {directory}: {probe} is {why}", field="plots")
+
+    def save(result) -> list:
+        try:
+            return save_plots(result, path)
+        except OSError as e:
+            raise PlanError(f"cannot write the plots in {directory}: {e.strerror or e}", field="plots") from None
+
+    return save
 
 
 def _write(fn, option: str) -> None:
