@@ -44,7 +44,10 @@ def knees(points: list[WhatifPoint], threshold: float) -> list[dict]:
         knee = next((p for p in fit if p.scaling_efficiency < threshold), None)
         above = [p for p in fit if knee is None or p.nodes < knee.nodes]
         if knee is not None:
-            sentence = (f"{_label(ps[0])}: efficiency falls to {knee.scaling_efficiency:.0%} at {knee.nodes:,} nodes "
+            # One decimal when whole percent would round up to the threshold (79.6% -> "80%").
+            pct = f"{knee.scaling_efficiency:.0%}" if round(knee.scaling_efficiency, 2) < threshold \
+                else f"{knee.scaling_efficiency:.1%}"
+            sentence = (f"{_label(ps[0])}: efficiency falls to {pct} at {knee.nodes:,} nodes "
                         f"(below {threshold:.0%})" + (f"; {above[-1].nodes:,} nodes is the last above" if above else ""))
         elif fit:
             sentence = f"{_label(ps[0])}: efficiency stays at or above {threshold:.0%} up to {fit[-1].nodes:,} nodes"

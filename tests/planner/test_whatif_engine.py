@@ -72,6 +72,10 @@ def test_questions_on_a_made_up_curve():
     assert [round(p.scaling_efficiency, 2) for p in pts] == [1.0, 0.9, 0.7, 0.5]
     (k,) = questions.knees(pts, 0.8)
     assert k["knee_nodes"] == 4 and k["last_efficient_nodes"] == 2
+    # just under the threshold: never "falls to 80% (below 80%)"
+    near = questions.with_efficiency([_pt(1, 10.0, 100.0), _pt(2, 6.3, 159.2)])
+    (k,) = questions.knees(near, 0.8)
+    assert k["knee_nodes"] == 2 and "falls to 79.6%" in k["sentence"]
     (d,) = questions.deadline(pts, 6.0, "node-hours")
     assert d["fewest"].nodes == 2 and d["cheapest"].nodes == 2  # 269 node-hours against 346 and 480
     (d,) = questions.deadline(pts, 1.0, "node-hours")
