@@ -168,6 +168,7 @@ def save(
     with _quiet_single_process():
         dcp.save(state, checkpoint_id=tmp, process_group=process_group, no_dist=not _distributed())
     _write_rank_items(tmp, rank, optimizer, kind, process_group)
+    _fault_in_save(rank, step)
     _barrier(process_group)  # every rank's files are written
 
     if rank == 0:
@@ -348,3 +349,16 @@ def _check_model_keys(path: Path, mine: set[str], saved_keys: set[str], group=No
         if unexpected:
             parts.append(f"{len(unexpected)} checkpoint parameters not in the model (e.g. {', '.join(unexpected[:3])})")
         raise PlanError(f"{path} does not fit this model: {'; '.join(parts)}", field="checkpoint")
+
+
+def _fault_in_save(rank: int, step: int) -> None:
+    """Test hook: EXAPLAN_FAULT_KILL_IN_SAVE=RANK:STEP SIGKILLs that rank in the middle of
+    saving the checkpoint of that step (its shards written, the folder not yet complete), as
+    a node lost during a save would (tests/runtime/test_soak.py)."""
+    spec = os.environ.get("EXAPLAN_FAULT_KILL_IN_SAVE")
+    if spec:
+        kill_rank, kill_step = (int(x) for x in spec.split(":"))
+        if rank == kill_rank and step == kill_step:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
