@@ -27,7 +27,7 @@ EPILOG = (f"Walltime: on SIGUSR1 or SIGTERM every rank finishes its optimizer st
           f"after EXAPLAN_ORPHAN_GRACE_S, 120 s). --out is locked while a run writes to it (a second run is refused, "
           f"a stale lock taken over). Exit codes: 0 done, 2 bad input (nothing started, nothing written), "
           f"{EXIT_REQUEUE} stopped by SIGUSR1/SIGTERM after a checkpoint (requeue with --resume), 130 stopped by "
-          f"SIGINT, 129 by SIGHUP (after a checkpoint), 137 killed, other: failed (1: a rank failed).")
+          f"SIGINT, 129 by SIGHUP (after a checkpoint), other: failed (1: a rank failed or was killed).")
 
 
 def add_run_arguments(ap: argparse.ArgumentParser) -> None:
