@@ -78,10 +78,9 @@ def _check_paths(args) -> None:
                 raise PlanError(f"{p}: no such file or directory", field="--data")
             if not os.access(p, os.R_OK):
                 raise PlanError(f"{p}: not readable", field="--data")
-    for flag, attr in (("--pairs", "pairs"), ("--init", "init"), ("--reference", "reference")):
-        value = getattr(args, attr, None)
-        if value and not os.path.isdir(value):
-            raise PlanError(f"{value}: no such directory", field=flag)
+    if getattr(args, "pairs", None) and not os.path.isdir(args.pairs):
+        raise PlanError(f"{args.pairs}: no such directory", field="--pairs")
+    # --init and --reference: runtime/dpo.check_args resolves the checkpoint (also before anything starts).
 
 
 def _nearest_existing(path: Path) -> Path:
