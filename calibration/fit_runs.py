@@ -44,14 +44,36 @@ WARMUP_STEPS = 2
 def _phases(metrics: Path) -> tuple[float | None, float | None]:
     if not metrics.exists():
         return None, None
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("kind") == "train" and "forward_backward_s" in r]
+    try:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as e:  # ValueError: malformed JSON or not UTF-8
+        raise PlanError(f"cannot read a record per line: {str(e)[:80]}", field=str(metrics)) from None
+    rows = [r for r in rows if isinstance(r, dict) and r.get("kind") == "train"
+            and all(_finite(r.get(k)) for k in ("forward_backward_s", "clip_s", "optimizer_s"))]
     rows = rows[WARMUP_STEPS:] if len(rows) > WARMUP_STEPS else rows
     if not rows:
         return None, None
     fb = float(np.median([r["forward_backward_s"] for r in rows]))
     opt = float(np.median([r["clip_s"] + r["optimizer_s"] for r in rows]))
     return fb, opt
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _summary(path: Path) -> dict:
+    """A run's summary.json: a mapping with a finite positive measured_step_time_s (and a
+    finite peak_memory_gib or none); PlanError naming the file otherwise."""
+    try:
+        summ = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise PlanError(f"not a run summary (JSON): {str(e)[:80]}", field=str(path)) from None
+    if not isinstance(summ, dict) or not _finite(summ.get("measured_step_time_s")) or summ["measured_step_time_s"] <= 0:
+        raise PlanError("needs measured_step_time_s, a finite positive number of seconds", field=str(path))
+    if summ.get("peak_memory_gib") is not None and not _finite(summ["peak_memory_gib"]):
+        raise PlanError("peak_memory_gib must be a finite number or absent", field=str(path))
+    return summ
 
 
 def load_runs(run_dirs: Iterable[Path]) -> list[MeasuredRun]:
@@ -63,7 +85,7 @@ def load_runs(run_dirs: Iterable[Path]) -> list[MeasuredRun]:
         s, p = d / "summary.json", d / "plan.yaml"
         if not s.exists() or not p.exists():
             raise PlanError(f"{d}: needs summary.json and plan.yaml (a run directory of `exaplan validate --local`)", field="runs")
-        summ = json.loads(s.read_text())
+        summ = _summary(s)
         fb, opt = _phases(d / "metrics.jsonl")
         # validate --local keeps repeated runs of a layout in LAYOUT/repeat-N: name them so
         name = f"{d.parent.name}/{d.name}" if d.name.startswith(("repeat-", "memory")) else d.name

@@ -6,6 +6,7 @@ import shlex
 import sys
 
 import numpy as np
+from pydantic import ValidationError
 
 from planner import COST_MODEL_VERSION, __version__
 from planner.cost import comm, compute, flops
@@ -29,6 +30,7 @@ from planner.schema.plan import (
     StepTimeBreakdown,
     seal,
 )
+from planner.schema.errors import PlanError, format_validation_error
 from planner.search.stages import assign_stages
 from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, TrainingJob
 
@@ -176,6 +178,16 @@ def _prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: E
     )
 
 
+def _finite_prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: Evaluation, i: int):
+    """The prediction of row i; PlanError (not a traceback) when a figure of the inputs, legal
+    on its own, drives one of its figures to infinity or nan."""
+    try:
+        return _prediction(model, machine, job, ev, i)
+    except ValidationError as e:
+        raise PlanError("the cost model's prediction is not finite for these inputs (" + format_validation_error(
+            e, prefix="prediction") + "); check the machine's and the model's figures") from None
+
+
 def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, lay: Layouts, ev: Evaluation, i: int, command: str | None = None) -> Plan:
     """The plan of row i of an evaluation of explicit layouts."""
     one = lay.take([i])
@@ -195,7 +207,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         ),
         recompute=RECOMPUTES[row["recompute"]],
         collectives=Collectives(library=machine.collective_library.value, communicators=comms, env=env),
-        prediction=_prediction(model, machine, job, ev, i),
+        prediction=_finite_prediction(model, machine, job, ev, i),
         provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,
                               command=command or shlex.join(["exaplan", *sys.argv[1:]])),
     )

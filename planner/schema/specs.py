@@ -18,6 +18,8 @@ from planner.schema.vocab import VOCAB_SIZE
 PosInt = Annotated[int, Field(gt=0)]
 PosFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
+# Efficiencies divide a time: above zero (0 would make every step last forever).
+Efficiency = Annotated[float, Field(gt=0, le=1)]
 
 # Physical bounds: every figure is finite (no inf or nan anywhere: Spec's allow_inf_nan) and at
 # most these, far past any machine or model built or announced, so that no arithmetic of the
@@ -129,7 +131,7 @@ class MatmulEfficiency(Spec):
     micro-batches run less efficiently), two physical figures per device kind.
     """
 
-    peak_fraction: Fraction = Field(0.8, description="Efficiency reached by very large GEMMs.")
+    peak_fraction: Efficiency = Field(0.8, description="Efficiency reached by very large GEMMs.")
     half_dim: float = Field(256.0, ge=0, le=MAX_WIDTH, description="GEMM size d at which half of peak_fraction is reached.")
 
 
@@ -147,9 +149,9 @@ class CollectiveEfficiency(Spec):
     reaches. 1.0 on NCCL/RCCL/oneCCL, whose rings run every collective at the link rate; gloo
     runs reduce-scatter and all-gather as slower generic algorithms (about 0.3 measured)."""
 
-    allreduce: Fraction = Field(1.0, description="Allreduce, relative to the link figures.")
-    reduce_scatter: Fraction = Field(1.0, description="Reduce-scatter, relative to a ring at the link figures.")
-    all_gather: Fraction = Field(1.0, description="All-gather, relative to a ring at the link figures.")
+    allreduce: Efficiency = Field(1.0, description="Allreduce, relative to the link figures.")
+    reduce_scatter: Efficiency = Field(1.0, description="Reduce-scatter, relative to a ring at the link figures.")
+    all_gather: Efficiency = Field(1.0, description="All-gather, relative to a ring at the link figures.")
 
 
 # Machine fields renamed in plan schema 2 (old -> new): units in the name that cannot be
@@ -183,7 +185,7 @@ class MachineModel(Spec):
     device_memory_gib: Annotated[float, Field(gt=0, le=MAX_SIZE_GIB)] = Field(description="Memory per device (GiB).")
     peak_tflops: dict[Precision, Rate] = Field(description="Peak dense TFLOP/s per device for each precision.")
     matmul_efficiency: MatmulEfficiency = Field(default_factory=MatmulEfficiency)
-    attention_efficiency_factor: Fraction = Field(
+    attention_efficiency_factor: Efficiency = Field(
         0.8, description="Attention-core efficiency relative to a GEMM of the same size, d = (s_local s head_dim)^(1/3): "
                          "what the fused (flash) or batched kernel reaches of the matmul curve; the backward's FLOPs "
                          "are modelled (FlashAttention-2 recomputes Q K^T: 2.5 x forward). Fitted per device kind, "
@@ -204,11 +206,11 @@ class MachineModel(Spec):
     nic_gbit_s: Rate = Field(description="Bandwidth per NIC per direction (Gbit/s).")
     inter_node_latency_us: PosTime = Field(description="Latency of one inter-node message (microseconds).")
     topology: TopologyKind = Field(TopologyKind.fat_tree, description="Kind of inter-node fabric.")
-    global_bandwidth_taper: Fraction = Field(
+    global_bandwidth_taper: Efficiency = Field(
         1.0, description="Fraction of injection bandwidth available between dragonfly groups (1 = full)."
     )
     nodes_per_group: Annotated[int, Field(gt=0, le=MAX_NODES)] = Field(128, description="Nodes per dragonfly group (or leaf switch).")
-    network_efficiency: Fraction = Field(0.85, description="Achievable fraction of link bandwidth for collectives.")
+    network_efficiency: Efficiency = Field(0.85, description="Achievable fraction of link bandwidth for collectives.")
     collective_library: CollectiveLibrary = Field(description="nccl, rccl, oneccl or gloo.")
     algorithms: list[Algorithm] = Field(max_length=len(Algorithm), description="Allreduce algorithms the library can be told to use.")
     nodes: Annotated[int, Field(gt=0, le=MAX_NODES)] = Field(description="Nodes in the whole system.")
