@@ -110,29 +110,12 @@ def pick_layouts(world: int, k: int, seq_len: int):
 
 
 def write_plan(model: str, machine, nodes: int, layout, path: Path):
-    """One layout's plan over `nodes` nodes of `machine` (validate_local.write_layout_plan for
-    one node, here for any number)."""
-    from planner.cost.step import evaluate
-    from planner.emit import build_plan
-    from planner.inputs import load_model, make_job
-    from planner.schema.plan import write_plan as write
-    from planner.search.space import layout_problems
+    """One layout's plan over `nodes` nodes of `machine` (validate_local.write_layout_plan),
+    its command naming the run's measured.yaml."""
+    from calibration.validate_local import write_layout_plan
 
-    spec = load_model(model)
-    world = machine.devices_per_node * nodes
-    job = make_job(spec, machine, world, layout.global_batch, layout.seq_len, "fp32", None)
-    lay = layout.layouts()
-    problems = layout_problems(spec, job, world, lay)
-    if problems:
-        raise PlanError(f"layout {layout.name}: " + "; ".join(problems))
-    buckets = (float(layout.ddp_bucket_mb),) if layout.ddp_bucket_mb else None
-    ev = evaluate(spec, machine, job, lay, ddp_buckets_mb=buckets)
-    argv = ["estimate", "--model", model, "--machine", str(path.parents[2] / "measured.yaml"), "--nodes", str(nodes),
-            *layout.estimate_args()]
-    plan = build_plan(spec, machine, job, nodes, lay, ev, 0, command=shlex.join(["exaplan", *argv, "-o", str(path)]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write(plan, path)
-    return plan
+    return write_layout_plan(model, machine, machine.devices_per_node, layout, path, nodes=nodes,
+                             machine_label=str(path.parents[2] / "measured.yaml"))
 
 
 def _sub(cmd: list[str], log: Path, timeout_s: float = 3600.0) -> int:

@@ -149,9 +149,11 @@ def resolve_machine(machine, ranks: int):
     return load_machine(machine, ranks=ranks) if str(machine) == "local" else load_machine(machine)
 
 
-def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path: Path):
-    """Write the plan of one layout, as `exaplan estimate --model MODEL --machine local
-    --nodes 1 ARGS -o PATH` would (the same functions; the machine may be a MachineModel, and
+def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path: Path, nodes: int = 1,
+                      machine_label: str | None = None):
+    """Write the plan of one layout, as `exaplan estimate --model MODEL --machine LABEL
+    --nodes NODES ARGS -o PATH` would (the same functions; the machine may be a MachineModel,
+    named in the plan's command by `machine_label` (default: its preset name, or "local"), and
     layout.ddp_bucket_mb forces the DDP bucket). Returns the plan."""
     from planner.cost.step import evaluate
     from planner.emit import build_plan
@@ -160,9 +162,9 @@ def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path
     from planner.search.space import layout_problems
 
     mach = resolve_machine(machine, ranks)
-    name = machine if isinstance(machine, str) else "local"
+    name = machine_label or (machine if isinstance(machine, str) else "local")
     spec = load_model(model)
-    world = mach.devices_per_node
+    world = mach.devices_per_node * nodes
     job = make_job(spec, mach, world, layout.global_batch, layout.seq_len, "fp32", None)
     lay = layout.layouts()
     problems = layout_problems(spec, job, world, lay)
@@ -170,8 +172,8 @@ def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path
         raise PlanError(f"layout {layout.name}: " + "; ".join(problems))
     buckets = (float(layout.ddp_bucket_mb),) if layout.ddp_bucket_mb else None
     ev = evaluate(spec, mach, job, lay, ddp_buckets_mb=buckets)
-    argv = ["estimate", "--model", model, "--machine", name, "--nodes", "1", *layout.estimate_args()]
-    plan = build_plan(spec, mach, job, 1, lay, ev, 0, command=shlex.join(["exaplan", *argv, "-o", str(path)]))
+    argv = ["estimate", "--model", model, "--machine", name, "--nodes", str(nodes), *layout.estimate_args()]
+    plan = build_plan(spec, mach, job, nodes, lay, ev, 0, command=shlex.join(["exaplan", *argv, "-o", str(path)]))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_plan(plan, path)
     return plan
