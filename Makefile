@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU build of torch that lies on this kind of machine; never an unpinned torch.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test test-all bench bench-local plans clean
+.PHONY: venv demo test test-all bench bench-runtime bench-local plans clean
 
 venv: $(STAMP)
 
@@ -45,6 +45,13 @@ bench: venv
 	$(BIN)/python -c "import subprocess, time; t = time.perf_counter(); \
 	subprocess.run(['$(BIN)/exaplan', *'$(WHATIF_BENCH) --report runs/bench-whatif/r.html'.split()], check=True, \
 	stdout=subprocess.DEVNULL); print(f'exaplan $(WHATIF_BENCH) --report r.html: {time.perf_counter() - t:.1f} s (target 10 s)')"
+	$(MAKE) bench-runtime
+
+# `exaplan run` against hand-written torch loops of the same layouts (ddp, fsdp, zero1, tp_sp,
+# pp_1f1b; benchmarks/): 3 interleaved rounds x 30 steps each, about 20-25 minutes on 2 cores; run
+# it on an otherwise idle machine. Results: runs/bench-runtime/results.{md,json}.
+bench-runtime: venv
+	$(BIN)/python -m benchmarks.runtime_vs_torch --out runs/bench-runtime
 
 # Issue-4 targets on this machine (median |step error| <= 10%, Spearman >= 0.9, first choice
 # within 5% of the fastest, memory error <= 15%): 12 layouts through `exaplan run`, 2 rounds.
