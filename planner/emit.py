@@ -28,6 +28,7 @@ from planner.schema.plan import (
     ShardingOptions,
     StageAssignment,
     StepTimeBreakdown,
+    ddp_impl_for,
     seal,
 )
 from planner.schema.errors import PlanError, format_validation_error
@@ -203,7 +204,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
                           stages=stage_assignment(model, machine, job, one)),
         sharding=ShardingOptions(
             kind=kind, shard_group_size=row["dp_shard"], reshard_after_forward=kind != Sharding.fsdp_grad_op,
-            ddp_bucket_mb=float(ev.ddp_bucket_mb[i]),
+            ddp_bucket_mb=float(ev.ddp_bucket_mb[i]), ddp_impl=ddp_impl_for(kind, row["tp"], row["pp"], job.precision),
         ),
         recompute=RECOMPUTES[row["recompute"]],
         collectives=Collectives(library=machine.collective_library.value, communicators=comms, env=env),

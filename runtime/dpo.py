@@ -409,13 +409,14 @@ class DPOTask:
             for i, (batch, ref) in enumerate(batches):
                 inputs, targets = shard_sequence(batch.to(self.device), self.cp_rank, self.cp)
                 with self.handles[0].no_sync() if i < self.gas - 1 else contextlib.nullcontext():
-                    logps = self._cp_sum(sequence_logps(self.parts[0](inputs), targets))
+                    logps = self._cp_sum(sequence_logps(self.handles[0].forward(inputs), targets))
                     (self._loss(logps, ref) / self.gas).backward()
 
-    def step_metrics(self) -> tuple[float, dict[str, float]]:
-        """The last step's mean loss over the global batch's pairs, and its metrics."""
-        stats = mean_stats(self._reduce(self._stats))
-        return stats["loss"], stats
+    def metric_row(self) -> torch.Tensor:  # this rank's sums of the last step, reduced later (runtime/steplog.py)
+        return self._stats.clone()
+
+    def reduce_metric_rows(self, rows: torch.Tensor) -> list[tuple[float, dict[str, float]]]:  # each step's means
+        return [(stats["loss"], stats) for stats in map(mean_stats, self._reduce(rows))]
 
     def _reduce(self, sums: torch.Tensor) -> torch.Tensor:
         t = sums.to(self.device)

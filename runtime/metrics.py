@@ -179,11 +179,13 @@ class MetricsWriter:
         self._file.flush()
 
     def log_step(self, step: int, loss, tokens: float, step_time_s: float, peak_memory_bytes: int,
-                 lr: float | None = None, grad_norm=None, phases: dict[str, float] | None = None) -> dict[str, Any]:
+                 lr: float | None = None, grad_norm=None, phases: dict[str, float] | None = None,
+                 time_s: float | None = None) -> dict[str, Any]:
         """One optimizer step. `loss`: the global mean loss; `tokens`: tokens processed by all
         ranks in the step (global batch x sequence length); `peak_memory_bytes`: the maximum
         over ranks (the trainer all-reduces it); `phases`: seconds per part of the step on rank
-        0 (forward_backward_s, clip_s, optimizer_s). Returns the record written."""
+        0 (forward_backward_s, clip_s, optimizer_s); `time_s`: when the step ended (default
+        now: the trainer writes steps in batches, runtime/steplog.py). Returns the record."""
         if not self.enabled:
             return {}
         rate = throughput(self.plan, float(tokens), float(step_time_s))
@@ -200,7 +202,7 @@ class MetricsWriter:
             "peak_memory_gib": int(peak_memory_bytes) / GIB,
             "lr": _num(lr),
             "grad_norm": _num(grad_norm),
-            "time": time.time(),
+            "time": time.time() if time_s is None else float(time_s),
         }
         record.update({k: float(v) for k, v in (phases or {}).items()})
         self.steps.append(record)

@@ -75,6 +75,7 @@ def train(args, stop=None) -> int:
     import torch.distributed as dist
 
     from runtime.mesh import build_mesh
+    from runtime.steplog import StepLog, StopAgreement
 
     # 1. The plan, and this rank's place in it.
     plan, device, rank, owns_group = _join(args)
@@ -106,6 +107,8 @@ def train(args, stop=None) -> int:
     # 8. Resume: model, optimizer, data position, RNG (reshards to this layout).
     start_step = _resume(run) if args.resume else 0
     run.writer = _open_run_folder(run, out)
+    run.steplog = StepLog(run.writer, device, task.tokens_per_step, task.reduce_metric_rows)
+    run.agreement = StopAgreement(stop)
     if args.io_mode == "io-only":
         from runtime.loader import measure_io
 
@@ -117,6 +120,7 @@ def train(args, stop=None) -> int:
         for step in range(start_step, args.steps):
             if _train_step(run, step):  # the ranks agreed to stop (a signal): save, exit 85
                 return _stop_for_requeue(run, step, owns_group)
+        run.agreement.close()
 
         # 10. The end: last checkpoint, validation, measured against predicted.
         val = task.validate()
@@ -169,6 +173,8 @@ class _Run:
     writer: Any = None
     stop: Any = None  # runtime/walltime.StopSignal, or None
     resumed: dict | None = None  # checkpoint, step, sample: when resumed
+    steplog: Any = None  # runtime/steplog.StepLog
+    agreement: Any = None  # runtime/steplog.StopAgreement
 
     @property
     def optimizer(self):
@@ -222,46 +228,48 @@ def _open_run_folder(run: _Run, out: Path):
 
 def _train_step(run: _Run, step: int) -> bool:
     """Step 9, once: the learning rate, forward and backward, clipping, the optimizer step;
-    then the step's metrics, validation and checkpoint when due. Returns whether the ranks
-    agreed to stop (a signal on any rank: its flag rides in the peak-memory all-reduce)."""
-    import torch
-
+    then the step's figures kept (reduced and written on logging steps: runtime/steplog.py),
+    validation and checkpoint when due. Returns whether the ranks agreed to stop (a signal
+    on any rank, agreed one step later without a blocking collective)."""
     from runtime import metrics
     from runtime.parallel import clip_grad_norm_
+    from runtime.steplog import StepTimer
 
-    args, task, writer = run.args, run.task, run.writer
+    args, task = run.args, run.task
+    lr = lr_at(step, args)
     for opt in run.optimizers:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args)
-    t0 = time.perf_counter()
+            group["lr"] = lr
+    timer = StepTimer(run.device)
     task.step()
-    t1 = time.perf_counter()  # on GPUs the phases are launch times; the step time is synchronised
+    t1 = time.perf_counter()  # on GPUs the phases are launch times; the step time is the device's
     grad_norm = clip_grad_norm_(run.handles, 1.0)
     t2 = time.perf_counter()
     for opt in run.optimizers:
         opt.step()
         opt.zero_grad(set_to_none=True)
-    if run.device.type == "cuda":
-        torch.cuda.synchronize()
-    step_time = time.perf_counter() - t0
-    phases = {"forward_backward_s": t1 - t0, "clip_s": t2 - t1, "optimizer_s": t0 + step_time - t2}
-    loss, stats = task.step_metrics()  # the global batch's loss (and the DPO metrics)
-    peak, stopping = _max_over_ranks([metrics.peak_memory_bytes(run.device), run.stop.flag if run.stop else 0],
-                                     run.device)
-    writer.log_step(step, loss, task.tokens_per_step, step_time, peak, lr_at(step, args), grad_norm, phases=phases)
-    if stats:
-        writer.log_dpo_step(step, stats)
+    step_time = timer.stop()
+    phases = {"forward_backward_s": t1 - timer.t0, "clip_s": t2 - t1, "optimizer_s": time.perf_counter() - t2}
+    run.steplog.keep(step, task.metric_row(), grad_norm, step_time, phases, metrics.peak_memory_bytes(run.device), lr)
     if args.log_samples:
-        _log_samples(writer, step, task.seen, run.mesh)
+        _log_samples(run.writer, step, task.seen, run.mesh)
     _fault_injection(step, run.rank)
-    if run.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
-        more = f"  reward acc {stats['reward_accuracy']:.3f}  margin {stats['reward_margin']:+.4f}" if stats else ""
-        print(f"step {step:5d}  loss {loss:.4f}{more}  {step_time * 1e3:8.1f} ms/step", flush=True)
+    stopping = run.agreement.after_step()
+    due_val = bool(args.val_every) and (step + 1) % args.val_every == 0 and step + 1 < args.steps
+    due_ckpt = bool(args.ckpt_every) and (step + 1) % args.ckpt_every == 0
+    printed = step % args.log_every == 0 or step == args.steps - 1
+    if stopping or due_val or due_ckpt or printed:
+        for rec in run.steplog.flush():
+            if run.rank == 0 and (rec["step"] % args.log_every == 0 or rec["step"] == args.steps - 1):
+                stats = rec.get("stats")
+                more = f"  reward acc {stats['reward_accuracy']:.3f}  margin {stats['reward_margin']:+.4f}" if stats else ""
+                print(f"step {rec['step']:5d}  loss {rec['loss']:.4f}{more}  {rec['step_time_s'] * 1e3:8.1f} ms/step",
+                      flush=True)
     if stopping:
         return True
-    if args.val_every and (step + 1) % args.val_every == 0 and step + 1 < args.steps:
-        _log_validation(writer, step, task.validate())
-    if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
+    if due_val:
+        _log_validation(run.writer, step, task.validate())
+    if due_ckpt:
         run.save(step + 1)
     return False
 
@@ -359,19 +367,31 @@ class _Pretrain:
         self.seen.clear()
         if self.runner is not None:
             batch = torch.cat([self._next_batch() for _ in range(self.gas)])
-            self._loss = float(self.runner.step(*shard_sequence(batch, self.cp_rank, self.cp_size)))
+            loss = self.runner.step(*shard_sequence(batch, self.cp_rank, self.cp_size))
+            self._loss = torch.as_tensor(0.0 if loss is None else loss, dtype=torch.float32).to(self.device)
             return
-        self._loss = 0.0
+        self._loss = torch.zeros((), dtype=torch.float32, device=self.device)
         for i in range(self.gas):
             batch = self._next_batch()
             with self.handles[0].no_sync() if i < self.gas - 1 else contextlib.nullcontext():
                 inputs, targets = shard_sequence(batch, self.cp_rank, self.cp_size)  # the whole when cp = 1
-                part = loss_fn(self.parts[0](inputs), targets) / self.gas
+                part = loss_fn(self.handles[0].forward(inputs), targets) / self.gas
                 part.backward()
-            self._loss += float(part.detach())
+            self._loss += part.detach().float()  # kept on the device: read when the step is written
 
-    def step_metrics(self) -> tuple[float, None]:
-        return _global_loss(self._loss, self.mesh, self.device), None
+    def metric_row(self):
+        """This rank's figures of the last step, unread: its loss (runtime/steplog.py)."""
+        return self._loss.reshape(1)
+
+    def reduce_metric_rows(self, rows) -> list[tuple[float, None]]:
+        """The global batch's loss of each kept step: the mean over the data- and
+        context-parallel ranks (every cp rank holds the same number of tokens), one all-reduce."""
+        import torch
+        import torch.distributed as dist
+
+        rows = rows.to(self.device, torch.float32)
+        dist.all_reduce(rows, group=self.mesh["dp_cp"].get_group())
+        return [(v / self.mesh["dp_cp"].size(), None) for v in rows[:, 0].tolist()]
 
     def validate(self) -> float:
         """Mean loss over `val_batches` global batches of validation samples (no gradients): the
@@ -394,7 +414,7 @@ class _Pretrain:
                 if self.runner is not None:
                     losses.append(self.runner.evaluate(inputs, targets))
                 else:
-                    losses.append(float(loss_fn(self.parts[0](inputs), targets)))
+                    losses.append(float(loss_fn(self.handles[0].forward(inputs), targets)))
         return _global_loss(sum(losses) / len(losses), mesh, self.device)
 
 
@@ -471,16 +491,6 @@ def _global_loss(loss, mesh, device) -> float:
     t = torch.tensor([0.0 if loss is None else float(loss)], device=device)
     dist.all_reduce(t, group=mesh["dp_cp"].get_group())
     return float(t) / mesh["dp_cp"].size()
-
-
-def _max_over_ranks(values: list[int], device) -> list[int]:
-    """The maxima over all ranks of a few integers, in one all-reduce."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [int(v) for v in t.tolist()]
 
 
 if __name__ == "__main__":

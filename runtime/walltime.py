@@ -7,9 +7,10 @@ period). Every rank of `exaplan run` handles SIGUSR1 and SIGTERM the same way:
 1. the handler only records the signal (`StopSignal.requested`): nothing is interrupted, so a
    second signal during a save cannot corrupt it (and a save is atomic anyway: written to
    `step-N.tmp/`, renamed when complete, runtime/checkpoint/io.py);
-2. after the current optimizer step, the ranks agree: the flag rides in the all-reduce (MAX)
-   the trainer already makes for the peak memory, so one rank's signal stops all of them at
-   the same step and no rank saves alone, at no extra collective;
+2. after the current optimizer step, the ranks agree: each step's flag goes into an all-reduce
+   (MAX) on a CPU group that nobody waits for until the next step ends
+   (runtime/steplog.StopAgreement), so one rank's signal stops all of them after the same step
+   (the one after the signal) and no rank saves alone, without a blocking collective per step;
 3. all ranks save a complete checkpoint of that step, rank 0 writes a `stop` record in
    metrics.jsonl, `summary.json` (with `stopped`) and `OUT/stopped.json`, and every rank exits
    with EXIT_REQUEUE (85, runtime/options.py); the job script requeues and runs

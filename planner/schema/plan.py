@@ -22,7 +22,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from planner.schema.errors import PlanError, format_validation_error
 from planner.schema.launch import env_problems
 from planner.schema.specs import (  # noqa: F401 - the layout enums are part of the plan's API
-    Algorithm, Fraction, MachineModel, ModelSpec, PosInt, Recompute, Schedule, Sharding, Spec, TrainingJob,
+    Algorithm, Fraction, MachineModel, ModelSpec, PosInt, Precision, Recompute, Schedule, Sharding, Spec, TrainingJob,
 )
 
 SCHEMA_VERSION = 2
@@ -97,6 +97,10 @@ class ShardingOptions(Spec):
     shard_group_size: PosInt = Field(1, description="Ranks that shard one replica (= dp_shard).")
     reshard_after_forward: bool = True
     ddp_bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).")
+    ddp_impl: Literal["ddp", "replicate"] | None = Field(
+        None, description="How the runtime replicates under kind none: torch's DistributedDataParallel (plain "
+                          "tensors: tp == pp == 1, fp32 or bf16) or the FSDP2-based `replicate` (DTensors, pipeline "
+                          "stages); None (plans before 0.14, or another kind): replicate. planner.schema.plan.ddp_impl_for.")
 
 
 class CollectiveChoice(Spec):
@@ -230,6 +234,16 @@ class Plan(Spec):
         return [[r, *self.placement(r), *self.coordinates(r).values()] for r in range(self.world_size)]
 
 
+def ddp_impl_for(kind: Sharding, tp: int, pp: int, precision: Precision) -> str | None:
+    """The fastest correct replication the runtime has for a layout (issue 14, measured in
+    `make bench-runtime`): DistributedDataParallel wherever its parameters are plain tensors
+    (no tensor parallelism: DDP around DTensors fails on gloo) and no pipeline stage drives
+    it, in fp32 or bf16 (autocast; fp16 would need a loss scaler); else FSDP2's replicate."""
+    if kind != Sharding.none:
+        return None
+    return "ddp" if tp == 1 and pp == 1 and precision != Precision.fp16 else "replicate"
+
+
 def mesh_coordinates(mesh: Mesh, rank: int) -> dict[str, int]:
     out: dict[str, int] = {}
     for axis, degree in reversed(list(zip(MESH_AXES, mesh.degrees))):
@@ -266,6 +280,11 @@ def plan_problems(plan: Plan) -> list[str]:
         p.append(f"sharding.kind {kind.value} shards over all data-parallel ranks: needs dp_replicate == 1")
     if kind == Sharding.hsdp and (mesh.dp_shard < 2 or mesh.dp_replicate < 2):
         p.append("sharding.kind hsdp needs dp_shard >= 2 and dp_replicate >= 2")
+    impl = m.sharding.ddp_impl
+    if impl is not None and kind != Sharding.none:
+        p.append(f"sharding.ddp_impl ({impl}) applies to kind none only (kind is {kind.value})")
+    if impl == "ddp" and (mesh.tp > 1 or mesh.pp > 1 or m.job.precision == Precision.fp16):
+        p.append("sharding.ddp_impl ddp needs tp == 1, pp == 1 and fp32 or bf16 (use replicate)")
     if m.sharding.shard_group_size != mesh.dp_shard:
         p.append(f"sharding.shard_group_size ({m.sharding.shard_group_size}) != mesh.dp_shard ({mesh.dp_shard})")
     p += _pipeline_problems(plan)
@@ -312,6 +331,8 @@ def content_hash(plan: Plan) -> str:
     """sha256 over the canonical JSON of the plan with an empty content_hash."""
     body = plan.model_dump(mode="json")
     body["provenance"]["content_hash"] = ""
+    if body["sharding"].get("ddp_impl") is None:  # plans made before the field was added keep their hash
+        body["sharding"].pop("ddp_impl", None)
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

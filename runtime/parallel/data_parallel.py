@@ -1,18 +1,23 @@
 """Data parallelism at the plan's sharding kind, and the handle the trainer drives it with.
 
     none          DDP semantics: parameters, gradients and optimizer state replicated over
-                  mesh["dp_cp"], gradients allreduced (mean). Implemented with torch's
-                  FSDP2-based `replicate` (torch.distributed._composable.replicate_with_fsdp)
-                  rather than nn.parallel.DistributedDataParallel, because the trainer applies
-                  data parallelism to the meta-device model before `to_empty`, in place (DDP
-                  broadcasts the weights at construction and holds references to parameters
-                  that `to_empty` replaces), because plain DDP around a TP model fails on
-                  CPU/gloo (mixed Tensor/DTensor in `_sync_module_states`), and because
-                  torch's pipeline stages drive FSDP2-style modules but not composable DDP.
-                  Buckets: consecutive blocks are grouped, in backward order, into replicate
-                  units of at least `sharding.ddp_bucket_mb` MiB of fp32 parameters; each unit
-                  is one allreduce (block granularity, so a bucket may exceed the cap by up to
-                  one block; the root unit takes the embedding, final norm and head).
+                  mesh["dp_cp"], gradients allreduced (mean), in one of two ways
+                  (plan.sharding.ddp_impl, chosen by planner.schema.plan.ddp_impl_for):
+      ddp         torch.nn.parallel.DistributedDataParallel with the plan's bucket size,
+                  gradient_as_bucket_view (no copy of the gradients into buckets) and
+                  static_graph, wrapped when the optimizer is built (DDP needs the
+                  materialised weights; it broadcasts nothing: every rank initialised the same
+                  weights). The fastest path torch has (make bench-runtime: replicate's
+                  wrapper costs ~15% of a step on 2 CPU ranks). bf16 computes under autocast.
+                  Only with plain tensors (tp == pp == 1): DDP around a TP model fails on gloo
+                  (mixed Tensor/DTensor in `_sync_module_states`) and torch's pipeline stages
+                  drive FSDP2-style modules.
+      replicate   torch's FSDP2-based `replicate` (torch.distributed._composable.
+                  replicate_with_fsdp) on the meta-device model: consecutive blocks grouped,
+                  in backward order, into units of at least `sharding.ddp_bucket_mb` MiB of
+                  fp32 parameters; each unit is one allreduce (block granularity, so a bucket
+                  may exceed the cap by up to one block; the root unit takes the embedding,
+                  final norm and head). Plans without ddp_impl run this.
     fsdp          FSDP2 fully_shard on every block, then on the root, over mesh["dp_shard_cp"],
                   reshard_after_forward=True (ZeRO-3 / FULL_SHARD).
     fsdp-grad-op  the same with reshard_after_forward=False (gathered parameters kept from
@@ -23,7 +28,8 @@
                   optimizer built by the handle shards the gradients and the optimizer state.
 
 FSDP kinds use MixedPrecisionPolicy(param_dtype = the plan's precision, reduce_dtype = fp32);
-so does `none` (through replicate). ZeRO and a dp size of 1 leave the compute precision to
+so does `none` through replicate; `none` through DDP keeps fp32 weights and gradients and
+computes under autocast (handle.forward). ZeRO and a dp size of 1 leave the compute precision to
 the trainer (autocast); gradients are always accumulated and reduced in fp32 by ZeRO.
 
 Gradient accumulation (`handle.no_sync()` around the forward and backward of every micro-batch
@@ -99,9 +105,12 @@ def apply_data_parallel(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> "Data
     kind = Sharding(plan.sharding.kind)
     mp = MixedPrecisionPolicy(param_dtype=_DTYPES[Precision(plan.job.precision)], reduce_dtype=torch.float32)
     blocks = _blocks(model)
+    precision = Precision(plan.job.precision)
+    use_ddp = False
     if kind == Sharding.none:
         dp_mesh = mesh["dp_cp"]
-        if dp_mesh.size() > 1:
+        use_ddp = plan.sharding.ddp_impl == "ddp" and dp_mesh.size() > 1  # wrapped in build_optimizer
+        if dp_mesh.size() > 1 and not use_ddp:
             from torch.distributed._composable.replicate_with_fsdp import replicate
 
             for unit in _replicate_units(blocks, plan.sharding.ddp_bucket_mb):
@@ -119,12 +128,19 @@ def apply_data_parallel(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> "Data
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
     else:
         dp_mesh = mesh["dp_cp"]
-    return DataParallelHandle(model, mesh, dp_mesh, kind, plan.sharding.ddp_bucket_mb)
+    handle = DataParallelHandle(model, mesh, dp_mesh, kind, plan.sharding.ddp_bucket_mb)
+    if use_ddp:
+        handle.ddp_pending = True
+        handle.static_graph = plan.grad_accumulation_steps == 1
+        handle.autocast_dtype = _DTYPES[precision] if precision != Precision.fp32 else None
+    return handle
 
 
 class DataParallelHandle:
     """What the trainer needs from data parallelism, whatever the kind:
 
+    forward(*inputs)                           the model's forward (through DDP and under
+                                               autocast where the handle wraps it)
     no_sync()                                  context for every micro-batch but the last
     build_optimizer(lr, betas, weight_decay)   AdamW (ZeroOptimizer under zero1/zero2);
                                                call after materialising the model
@@ -140,13 +156,57 @@ class DataParallelHandle:
         self.kind = kind
         self.bucket_mb = bucket_mb
         self.optimizer: torch.optim.Optimizer | None = None
+        self.ddp: nn.Module | None = None  # DistributedDataParallel around the model (ddp_impl ddp)
+        self.ddp_pending = False  # DDP to be wrapped once the weights exist (build_optimizer)
+        self.autocast_dtype: torch.dtype | None = None
+        self._through_handle = False
+        self.static_graph = False
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The model's forward: through DDP when it wraps the model (its reducer must see
+        every forward), under autocast for a bf16 plan run by DDP."""
+        if self.ddp is None:
+            return self.model(*inputs)
+        self._through_handle = True
+        try:
+            if self.autocast_dtype is None:
+                return self.ddp(*inputs)
+            with torch.autocast(inputs[0].device.type, dtype=self.autocast_dtype):
+                return self.ddp(*inputs)
+        finally:
+            self._through_handle = False
+
+    def _refuse_bypass(self, module, args) -> None:  # noqa: ARG002 (forward pre-hook signature)
+        """A forward with gradients that bypasses DDP would skip the gradient all-reduce
+        without a word: refuse it."""
+        if torch.is_grad_enabled() and not self._through_handle:
+            raise RuntimeError("this model part is wrapped in DistributedDataParallel: run its forward through "
+                               "its data-parallel handle (handle.forward(inputs)), or under torch.no_grad()")
+
+    def _wrap_ddp(self) -> None:
+        """DistributedDataParallel around the materialised model: the plan's bucket size,
+        gradients as views of the buckets (no copy), a static graph (the same parameters
+        and autograd graph every step, recompute included) where there is no accumulation
+        (torch 2.13's reducer asserts on a static graph whose first backward runs under
+        no_sync), no broadcasts (the ranks initialised the same weights; the RoPE tables
+        are constant buffers)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.ddp = DistributedDataParallel(
+            self.model, process_group=self.dp_mesh.get_group(), bucket_cap_mb=self.bucket_mb,
+            gradient_as_bucket_view=True, static_graph=self.static_graph, forward_sync_buffers=False, init_sync=False)
+        self.ddp_pending = False
+        self.model.register_forward_pre_hook(self._refuse_bypass)
 
     # ------------------------------------------------------------------ accumulation
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         m = self.model
-        if self.kind == Sharding.none and isinstance(m, FSDPModule):
+        if self.ddp is not None:
+            with self.ddp.no_sync():
+                yield
+        elif self.kind == Sharding.none and isinstance(m, FSDPModule):
             m.set_requires_gradient_sync(False)
             try:
                 yield
@@ -169,15 +229,18 @@ class DataParallelHandle:
         The model must be materialised (to_empty) first."""
         if any(p.is_meta for p in self.model.parameters()):
             raise RuntimeError("build_optimizer: materialise the model first (to_empty, init_weights)")
+        if self.ddp_pending:
+            self._wrap_ddp()
         if self.kind in (Sharding.zero1, Sharding.zero2):
             self.optimizer = ZeroOptimizer(self.model, self.dp_mesh, 1 if self.kind == Sharding.zero1 else 2,
                                            self.bucket_mb, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         else:
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            # foreach kernels refuse lists mixing DTensors and plain tensors (TP without SP
-            # leaves the norms plain): the single-tensor path works for any mix.
-            self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                               foreach=False)
+            # torch's foreach kernels (one launch per tensor list, not per tensor) refuse lists
+            # mixing DTensors and plain tensors, or DTensors of different meshes (TP without SP
+            # leaves the norms plain): one parameter group per kind, the same hyperparameters.
+            groups = _param_groups([p for p in self.model.parameters() if p.requires_grad])
+            self.optimizer = torch.optim.AdamW([{"params": g} for g in groups], lr=lr, betas=betas, eps=eps,
+                                               weight_decay=weight_decay, foreach=True)
         return self.optimizer
 
     # ----------------------------------------------------------------------- clipping
@@ -200,19 +263,27 @@ class DataParallelHandle:
         return _grad_norm_squared([p.grad for p in params])
 
     @torch.no_grad()
-    def scale_grads_(self, factor: float) -> None:
+    def scale_grads_(self, factor: torch.Tensor | float) -> None:
         zero = self._zero()
         if zero is not None:
             zero.scale_grads_(factor)
             return
-        for p in self.model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(factor)
+        _scale_([p.grad for p in self.model.parameters() if p.grad is not None], factor)
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip this part's gradient by the norm of the whole model's gradient (over every
         dp, tp and pp rank); returns that norm (before clipping)."""
-        return clip_grad_norm_([self], max_norm)
+        return float(clip_grad_norm_([self], max_norm))
+
+
+def _param_groups(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The parameters split into lists that one foreach kernel takes: plain tensors, and
+    DTensors by mesh, in first-seen order (the same on every rank)."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        key = (id(p.device_mesh), tuple(p.device_mesh.mesh_dim_names or ())) if isinstance(p, DTensor) else None
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
 
 
 @torch.no_grad()
@@ -230,34 +301,48 @@ def _grads_to_param_placements(params: Sequence[torch.Tensor]) -> None:
 
 def _grad_norm_squared(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     """Sum of squares of gradients that may be plain tensors (replicated) or DTensors split
-    over some mesh dims: each group's local sum is all-reduced over exactly its split dims."""
+    over some mesh dims: the local tensors of each group (by the dims they are split over)
+    normed with torch's foreach kernels, each group's sum all-reduced over exactly its split
+    dims."""
     device = grads[0].device if grads else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float32, device=device)
-    by_key: dict[tuple, tuple[object, torch.Tensor]] = {}
+    groups: dict[object, tuple[object, list[torch.Tensor]]] = {}
     for g in grads:
         if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
             g = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
         key = _shard_key(g)
-        local = g.to_local() if isinstance(g, DTensor) else g
-        sq = local.detach().float().pow(2).sum()
-        if key is None:
-            total = total + sq
-            continue
-        k = (id(key[0]), key[1])
-        prev = by_key.get(k)
-        by_key[k] = (key, sq if prev is None else prev[1] + sq)
-    for k in sorted(by_key, key=lambda k: str(k[1])):  # the same order on every rank (stable for ties)
-        (mesh, dims), sq = by_key[k]
-        for d in dims:
-            dist.all_reduce(sq, group=mesh.get_group(d))
+        k = None if key is None else (id(key[0]), key[1])
+        groups.setdefault(k, (key, []))[1].append(g.to_local() if isinstance(g, DTensor) else g)
+    # The same order on every rank (stable for ties), the replicated group first.
+    for k in sorted(groups, key=lambda k: (k is not None, str(k[1]) if k else "")):
+        key, local = groups[k]
+        sq = torch.nn.utils.get_total_norm(local, 2.0, foreach=True).float().square()
+        if key is not None:
+            mesh, dims = key
+            for d in dims:
+                dist.all_reduce(sq, group=mesh.get_group(d))
         total = total + sq
     return total
 
 
-def clip_grad_norm_(handles: Sequence[DataParallelHandle], max_norm: float) -> float:
+@torch.no_grad()
+def _scale_(tensors: Sequence[torch.Tensor], factor: torch.Tensor | float) -> None:
+    """Multiply tensors (DTensors through their local shards) in place: one foreach kernel
+    per device and dtype."""
+    by_kind: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        by_kind.setdefault((local.device, local.dtype), []).append(local)
+    for (device, _), ts in by_kind.items():
+        torch._foreach_mul_(ts, factor.to(device) if isinstance(factor, torch.Tensor) else factor)
+
+
+def clip_grad_norm_(handles: Sequence[DataParallelHandle], max_norm: float) -> torch.Tensor:
     """Clip the gradients of all of this rank's model parts (one handle each) by the norm of
     the whole model's gradient: the parts' squared norms, summed over this rank's parts and
-    over mesh["pp"]. Every rank calls it; returns the norm before clipping."""
+    over mesh["pp"]. Every rank calls it; returns the norm before clipping, a 0-d tensor on
+    the device (as torch.nn.utils.clip_grad_norm_: reading it is the caller's choice, so
+    clipping never waits for the device)."""
     if not handles:
         raise ValueError("clip_grad_norm_: no handles")
     parts = [h.grad_norm_squared() for h in handles]
@@ -265,9 +350,8 @@ def clip_grad_norm_(handles: Sequence[DataParallelHandle], max_norm: float) -> f
     mesh = handles[0].mesh
     if "pp" in (mesh.mesh_dim_names or ()) and mesh["pp"].size() > 1:
         dist.all_reduce(total_sq, group=mesh["pp"].get_group())
-    total = math.sqrt(float(total_sq))
-    coef = max_norm / (total + 1e-6)  # torch.nn.utils.clip_grad_norm_'s rule
-    if coef < 1.0:
-        for h in handles:
-            h.scale_grads_(coef)
+    total = total_sq.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch.nn.utils.clip_grad_norm_'s rule
+    for h in handles:
+        h.scale_grads_(coef)
     return total

@@ -168,7 +168,7 @@ def _train(lay: dict) -> dict:
                 inputs, targets_ = shard_sequence(batch[i * mbs:(i + 1) * mbs], cp_rank, cp)
                 ctx = handles[0].no_sync() if i < gas - 1 else contextlib.nullcontext()
                 with ctx:
-                    loss = loss_fn(parts[0](inputs), targets_) / gas
+                    loss = loss_fn(handles[0].forward(inputs), targets_) / gas
                     loss.backward()
                 total += float(loss.detach())
         norms.append(float(clip_grad_norm_(handles, CLIP)))

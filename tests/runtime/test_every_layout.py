@@ -87,7 +87,7 @@ def _train(rank: int, world_size: int, plan_json_list: list[str]) -> list[list[f
                     x, y = shard_sequence(rows[i * mbs:(i + 1) * mbs], cp_rank, cp)
                     ctx = handles[0].no_sync() if i < gas - 1 else _Null()
                     with ctx:
-                        part_loss = loss_fn(parts[0](x), y) / gas
+                        part_loss = loss_fn(handles[0].forward(x), y) / gas
                         part_loss.backward()
                     loss += float(part_loss.detach())
             clip_grad_norm_(handles, 1.0)

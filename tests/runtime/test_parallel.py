@@ -42,8 +42,8 @@ import pytest
 import torch
 
 from dist_helpers import run_on_ranks
-from planner.schema.plan import Plan, load_plan
-from planner.schema.specs import ModelSpec
+from planner.schema.plan import Plan, ddp_impl_for, load_plan
+from planner.schema.specs import ModelSpec, Precision, Sharding
 from runtime.model import ProteinLM, canonical_name, init_weights, loss_fn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,22 +71,28 @@ SPECS = {
 
 
 def layout(name: str, world: int, kind: str = "none", tp: int = 1, dp_replicate: int = 1, gas: int = 1,
-           sp: bool = False, recompute: str = "none", spec: str = "llama", bucket_mb: float = 25.0) -> dict:
+           sp: bool = False, recompute: str = "none", spec: str = "llama", bucket_mb: float = 25.0,
+           ddp_impl: str | None = None) -> dict:
+    """One layout; `ddp_impl` (kind none): the planner's choice unless given."""
     dp = world // tp
     dp_shard = dp // dp_replicate
+    if ddp_impl is None:
+        ddp_impl = ddp_impl_for(Sharding(kind), tp, 1, Precision.fp32)
     return dict(name=name, world=world, kind=kind, tp=tp, dp_replicate=dp_replicate, dp_shard=dp_shard, gas=gas,
-                sp=sp, recompute=recompute, spec=spec, bucket_mb=bucket_mb)
+                sp=sp, recompute=recompute, spec=spec, bucket_mb=bucket_mb, ddp_impl=ddp_impl)
 
 
 FAST_2 = [
-    layout("ddp-gas2", 2, "none", dp_replicate=2, gas=2),
+    layout("ddp-gas2", 2, "none", dp_replicate=2, gas=2),  # DistributedDataParallel
+    layout("replicate-gas2", 2, "none", dp_replicate=2, gas=2, ddp_impl="replicate"),  # FSDP2's replicate
     layout("fsdp", 2, "fsdp"),
     layout("zero2-gas2", 2, "zero2", gas=2),
     layout("tp2-sp", 2, tp=2, sp=True),
     layout("recompute-selective", 2, "none", dp_replicate=2, recompute="selective"),
 ]
 SLOW_2 = [
-    layout("ddp-small-buckets", 2, "none", dp_replicate=2, bucket_mb=0.01),  # one replicate unit per block
+    layout("ddp-small-buckets", 2, "none", dp_replicate=2, bucket_mb=0.01),  # a DDP bucket per few tensors
+    layout("replicate-small-buckets", 2, "none", dp_replicate=2, bucket_mb=0.01, ddp_impl="replicate"),  # a unit per block
     layout("fsdp-gas2", 2, "fsdp", gas=2),
     layout("fsdp-grad-op", 2, "fsdp-grad-op"),
     layout("zero1-small-buckets", 2, "zero1", bucket_mb=0.01),  # several buckets, odd sizes (padding)
@@ -131,7 +137,7 @@ def make_plan(lay: dict) -> Plan:
     d["sequence_parallel"] = lay["sp"]
     d["recompute"] = lay["recompute"]
     d["sharding"] = {**base["sharding"], "kind": lay["kind"], "shard_group_size": lay["dp_shard"],
-                     "ddp_bucket_mb": lay["bucket_mb"]}
+                     "ddp_bucket_mb": lay["bucket_mb"], "ddp_impl": lay.get("ddp_impl") or ddp_impl_for(Sharding(lay["kind"]), lay["tp"], 1, Precision.fp32)}
     d["pipeline"] = {"schedule": None, "virtual_stages": 1, "stages": []}
     return Plan.model_validate(d)
 
@@ -272,7 +278,7 @@ def _train(lay: dict, ref: dict) -> dict:
             mb = slice(i * mbs, (i + 1) * mbs)
             ctx = handle.no_sync() if i < gas - 1 else contextlib.nullcontext()
             with ctx:
-                loss = loss_fn(model(tokens[mb]), targets[mb]) / gas
+                loss = loss_fn(handle.forward(tokens[mb]), targets[mb]) / gas
                 loss.backward()
             total += float(loss.detach())
         norms.append(handle.clip_grad_norm(CLIP))
