@@ -104,6 +104,7 @@ class _MeshTraffic:
     fsdp: np.ndarray
     copy_s: float  # s per byte of the framework's buffer copies around a collective
     zc: ZeroCollectives
+    ddp_views: np.ndarray | bool = False  # exaplan's DDP (ddp_impl ddp): gradients are bucket views, no copies
 
     @property
     def single(self) -> np.ndarray:
@@ -161,7 +162,7 @@ def _allreduced_terms(d: _MeshTraffic, ar_codes, ddp_buckets_mb) -> tuple[dict, 
         S_total[a], S_floor[a] = [], []
         for mb in ddp_buckets_mb:
             n = np.maximum(np.ceil(bytes_ / (mb * 1e6)), 1)
-            per_ddp = comm.allreduce(a, pl_grad, bytes_ / n) + d.copy_s * bytes_ / n
+            per_ddp = comm.allreduce(a, pl_grad, bytes_ / n) + np.where(d.ddp_views, 0.0, d.copy_s) * bytes_ / n
             per_hsdp = comm.allreduce(a, pl_rep, bytes_ / n) + d.copy_s * bytes_ / n
             per = np.where(hsdp, per_hsdp, np.where(ddp, per_ddp, np.where(zero_ar, per_zero, 0.0)))
             per = np.where(d.single, 0.0, per)
@@ -186,6 +187,10 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
         fsdp=(s == SH_FSDP) | (s == SH_GRAD_OP) | (s == SH_HSDP),
         copy_s=machine.dp_buffer_copies * 2.0 / (machine.memory_bandwidth_gbyte_s * 1e9),
         zc=ZERO_COLLECTIVES.get(fw.name, ZeroCollectives()),
+        # The runtime's DistributedDataParallel (planner.schema.plan.ddp_impl_for) reduces the
+        # gradients in place in its buckets (gradient_as_bucket_view); FSDP2's replicate
+        # copies them in and out like the sharded kinds.
+        ddp_views=(s == SH_NONE) & (m.tp == 1) & (m.pp == 1) & (job.precision != Precision.fp16) & (fw.name == "exaplan"),
     )
     ar_codes, rsag_codes = algos
     F_total, F_floor, K_total, K_floor = _sharded_terms(d, rsag_codes)

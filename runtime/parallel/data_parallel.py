@@ -218,7 +218,13 @@ class DataParallelHandle:
                 yield
             finally:
                 m.set_requires_all_reduce(True)
-        else:  # fsdp, fsdp-grad-op, zero2: reduce every micro-batch; zero1: always deferred
+        elif self.kind == Sharding.zero1 and isinstance(self.optimizer, ZeroOptimizer):
+            self.optimizer.sync_enabled = False  # the reduce-scatters wait for the last micro-batch
+            try:
+                yield
+            finally:
+                self.optimizer.sync_enabled = True
+        else:  # fsdp, fsdp-grad-op, zero2: reduce every micro-batch
             yield
 
     # --------------------------------------------------------------------- optimizer
@@ -234,6 +240,10 @@ class DataParallelHandle:
         if self.kind in (Sharding.zero1, Sharding.zero2):
             self.optimizer = ZeroOptimizer(self.model, self.dp_mesh, 1 if self.kind == Sharding.zero1 else 2,
                                            self.bucket_mb, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            # A pipeline schedule runs the micro-batches' backwards without the handle's
+            # no_sync: zero1 then reduces at the step.
+            names = self.mesh.mesh_dim_names or ()
+            self.optimizer.overlap_sync = "pp" not in names or self.mesh["pp"].size() == 1
         else:
             # torch's foreach kernels (one launch per tensor list, not per tensor) refuse lists
             # mixing DTensors and plain tensors, or DTensors of different meshes (TP without SP

@@ -11,8 +11,9 @@ slice of the bucket's flat buffer and frees `param.grad`, so gradients never liv
 `.grad`: read them through the optimizer (`clip_grad_norm`, `scale_grads_`).
 
     zero1   the full fp32 bucket buffers persist and accumulate over the micro-batches; one
-            reduce-scatter per bucket at the end of the step (in `finish_grad_sync`, called
-            by clip_grad_norm and step), so the gradient memory is P x 4 bytes, the
+            reduce-scatter per bucket, started in the last micro-batch's backward as the
+            bucket completes (or, in pipeline stages, in `finish_grad_sync`, called by
+            clip_grad_norm and step), so the gradient memory is P x 4 bytes, the
             optimizer state P x 8 / G (planner/cost/memory.py).
     zero2   when a bucket's last gradient has arrived in a backward pass (every micro-batch),
             it is reduce-scattered at once, this rank's shard is added to a persistent
@@ -21,16 +22,19 @@ slice of the bucket's flat buffer and frees `param.grad`, so gradients never liv
 
 The reduction is a sum divided by G (the mean over data-parallel ranks, as DDP does), in fp32.
 
-Step. AdamW (torch.optim.AdamW underneath, single-tensor path, so the arithmetic is the
-same as plain AdamW on the whole model) runs on each bucket's local fp32 shard of master
-weights; the updated shards are all-gathered and copied back into the parameters. With fp32
+Step. AdamW (torch.optim.AdamW underneath, foreach path: one kernel per operation over all
+the shards; the same arithmetic as plain AdamW on the whole model) runs on each bucket's
+local fp32 shard of master weights; the updated shards are all-gathered (all started, then
+waited for) and copied back into the parameters. With fp32
 parameters the shard is refreshed from the parameters before every step (the parameters are
 the master weights; the shard is working memory of P x 4 / G bytes), so loading model weights
 in place needs nothing more. With 16-bit parameters the fp32 master shard persists and is
 part of the optimizer state.
 
-Collectives run synchronously inside the hooks (zero2) or the step (zero1); every rank of a
-data-parallel group holds the same parameters in the same buckets, so the order matches.
+Collectives start without waiting in the hooks, when a bucket's last gradient arrives (zero2:
+every micro-batch, one bucket in flight; zero1: in the step's last micro-batch, every bucket
+in flight, finished by `finish_grad_sync`); every rank of a data-parallel group holds the
+same parameters in the same buckets, so the order matches.
 With pipeline parallelism (each stage its own ZeroOptimizer) this works unchanged, but the
 schedule's `scale_grads` cannot see gradients that are not in `.grad`: scale the loss, or call
 `scale_grads_` yourself.
@@ -83,6 +87,13 @@ class _Bucket:
     grad_shard: torch.Tensor | None = None  # fp32 [shard_numel], reduced (mean over dp)
     ready: int = 0  # parameters whose gradient arrived in the current backward
     pending: bool = False  # grad_full holds gradients not yet reduced
+    inflight: tuple | None = None  # (async work, output shard) of a reduce-scatter under way
+    # Plain-tensor buckets of one dtype: the parameters are views of one flat buffer, which
+    # the step all-gathers into directly; its version counter tells when someone (a
+    # checkpoint load) wrote the parameters, so the fp32 master is refreshed only then.
+    param_buffer: torch.Tensor | None = None
+    seen_version: int = -1
+    grad_views: bool = False  # zero1, fp32: param.grad are views of grad_full (no copy)
 
     def overlaps(self, lo: int, hi: int):
         """(position, param start, param end) of every parameter overlapping [lo, hi)."""
@@ -117,8 +128,15 @@ class ZeroOptimizer(torch.optim.AdamW):
         self.buckets = self._make_buckets(model, max(1, int(bucket_mb * MIB / 4)))
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(b, i))
                        for b in self.buckets for i, p in enumerate(b.params)]
+        # zero1: reduce a bucket as soon as its last gradient of the step's last micro-batch
+        # has arrived (under the rest of the backward), as DDP does. The handle clears
+        # `sync_enabled` around the other micro-batches; `overlap_sync` off (pipeline stages,
+        # whose schedule cannot say which micro-batch is the last) reduces at the step.
+        self.sync_enabled = True
+        self.overlap_sync = True
+        # Every master shard is a plain fp32 tensor: torch's foreach kernels take them all.
         super().__init__([b.master for b in self.buckets], lr=lr, betas=betas, eps=eps,
-                         weight_decay=weight_decay, foreach=False)
+                         weight_decay=weight_decay, foreach=True)
 
     # ---------------------------------------------------------------------------- buckets
 
@@ -151,8 +169,29 @@ class ZeroOptimizer(torch.optim.AdamW):
                         key=_shard_key(members[0][1]),
                         master=nn.Parameter(torch.zeros(shard, dtype=torch.float32, device=device)))
             self._load_master(b)
+            if all(not isinstance(p, DTensor) for p in b.params) and len({p.dtype for p in b.params}) == 1:
+                self._flatten(b)
             buckets.append(b)
         return buckets
+
+    @torch.no_grad()
+    def _flatten(self, b: _Bucket) -> None:
+        """Make the bucket's parameters views of one flat buffer (the step's all-gather then
+        writes them in place), and under zero1 with fp32 parameters their gradients views of
+        the persistent full gradient buffer (autograd accumulates into it in place, as DDP's
+        gradient_as_bucket_view: no copy, no free)."""
+        first = b.params[0]
+        buf = torch.zeros(b.numel, dtype=first.dtype, device=first.device)
+        for p, s in zip(b.params, b.offsets):
+            view = buf[s:s + p.numel()].view_as(p)
+            view.copy_(p.data)
+            p.data = view
+        b.param_buffer, b.seen_version = buf, buf._version
+        if self.stage == 1 and first.dtype == torch.float32:
+            b.grad_full = torch.zeros(b.numel, dtype=torch.float32, device=first.device)
+            for p, s in zip(b.params, b.offsets):
+                p.grad = b.grad_full[s:s + p.numel()].view_as(p)
+            b.grad_views = True
 
     @torch.no_grad()
     def _load_master(self, b: _Bucket) -> None:
@@ -175,25 +214,45 @@ class ZeroOptimizer(torch.optim.AdamW):
             if g.numel() != _local(p).numel():
                 raise RuntimeError(f"ZeRO: gradient of {b.names[i]} has {g.numel()} local elements, "
                                    f"the parameter {_local(p).numel()}")
-            if b.grad_full is None:
-                b.grad_full = torch.zeros(b.numel, dtype=torch.float32, device=g.device)
-            s = b.offsets[i]
-            b.grad_full[s:s + g.numel()].add_(g.reshape(-1))
-            p.grad = None
+            if b.inflight is not None:  # its buffer is still being reduced: finish that first
+                if b.grad_views:  # autograd has already added into the buffer in flight
+                    raise RuntimeError("ZeRO-1: a backward after the step's last micro-batch: call the optimizer's "
+                                       "step() and zero_grad() first (or accumulate under handle.no_sync())")
+                self._finish_reduce(b)
+            if not b.grad_views:  # (with views autograd already accumulated into grad_full)
+                if b.grad_full is None:
+                    b.grad_full = torch.zeros(b.numel, dtype=torch.float32, device=g.device)
+                s = b.offsets[i]
+                b.grad_full[s:s + g.numel()].add_(g.reshape(-1))
+                p.grad = None
             b.pending = True
             b.ready += 1
-            if self.stage == 2 and b.ready == len(b.params):
-                self._reduce(b)
+            if b.ready == len(b.params):  # the bucket is complete for this micro-batch
+                b.ready = 0
+                if self.stage == 2 or (self.overlap_sync and self.sync_enabled):
+                    self._start_reduce(b)
         return hook
 
     @torch.no_grad()
-    def _reduce(self, b: _Bucket) -> None:
+    def _start_reduce(self, b: _Bucket) -> None:
+        """Start the bucket's reduce-scatter without waiting. zero2 keeps one bucket in
+        flight (the previous one is finished first, so only its full buffer is alive)."""
+        if self.stage == 2:
+            self._finish_all()
         out = torch.empty(b.shard_numel, dtype=torch.float32, device=b.grad_full.device)
+        work = None
         if self.dp_size > 1:
-            dist.reduce_scatter_single(out, b.grad_full, group=self.group)
-            out.div_(self.dp_size)
+            work = dist.reduce_scatter_single(out, b.grad_full, group=self.group, async_op=True)
         else:
             out.copy_(b.grad_full)
+        b.inflight, b.pending, b.ready = (work, out), False, 0
+
+    @torch.no_grad()
+    def _finish_reduce(self, b: _Bucket) -> None:
+        work, out = b.inflight
+        if work is not None:
+            work.wait()
+            out.div_(self.dp_size)
         if b.grad_shard is None:
             b.grad_shard = out
         else:
@@ -201,16 +260,23 @@ class ZeroOptimizer(torch.optim.AdamW):
         if self.stage == 2:
             b.grad_full = None  # the full gradient is gone: only this rank's shard is kept
         else:
-            b.grad_full.zero_()
-        b.ready, b.pending = 0, False
+            b.grad_full.zero_()  # (zero_grad then finds it zero: one pass either way)
+        b.inflight = None
+
+    def _finish_all(self) -> None:
+        for b in self.buckets:
+            if b.inflight is not None:
+                self._finish_reduce(b)
 
     # ------------------------------------------------------------------- gradient access
 
     def finish_grad_sync(self) -> None:
-        """Reduce whatever has not been reduced (all of it under zero1). Idempotent."""
+        """Reduce whatever has not been reduced (all of it under zero1 without overlap):
+        start every pending bucket's reduce-scatter, then wait for all. Idempotent."""
         for b in self.buckets:
             if b.pending:
-                self._reduce(b)
+                self._start_reduce(b)
+        self._finish_all()
 
     def grad_norm_squared(self) -> torch.Tensor:
         """Squared 2-norm of the whole gradient of this model part (all dp shards, all TP
@@ -241,9 +307,10 @@ class ZeroOptimizer(torch.optim.AdamW):
     @torch.no_grad()
     def scale_grads_(self, factor: float) -> None:
         for b in self.buckets:
-            for t in (b.grad_shard, b.grad_full):
-                if t is not None:
-                    t.mul_(factor)
+            if b.grad_shard is not None:
+                b.grad_shard.mul_(factor)
+            if b.grad_full is not None and b.pending:  # (a reduced full buffer is zero)
+                b.grad_full.mul_(factor)
 
     # ------------------------------------------------------------------------- optimizer
 
@@ -253,37 +320,50 @@ class ZeroOptimizer(torch.optim.AdamW):
             raise NotImplementedError("ZeroOptimizer.step takes no closure")
         self.finish_grad_sync()
         for b in self.buckets:
-            if b.params and _local(b.params[0]).dtype == torch.float32:
-                self._load_master(b)  # fp32: the parameters are the master weights
+            fp32 = bool(b.params) and _local(b.params[0]).dtype == torch.float32
+            if fp32 and (b.param_buffer is None or b.param_buffer._version != b.seen_version):
+                self._load_master(b)  # fp32: the parameters are the master weights (written since)
             b.master.grad = b.grad_shard if b.grad_shard is not None else torch.zeros_like(b.master)
         super().step()
+        gathers = []  # every bucket's all-gather started, then each waited for (and copied back)
         for b in self.buckets:
             b.master.grad = None
-            full = torch.empty(b.numel, dtype=torch.float32, device=b.master.device)
+            flat = b.param_buffer
+            full = flat if flat is not None else torch.empty(b.numel, dtype=torch.float32, device=b.master.device)
+            shard = b.master.data if full.dtype == torch.float32 else b.master.data.to(full.dtype)
             if self.dp_size > 1:
-                dist.all_gather_single(full, b.master.data, group=self.group)
+                gathers.append((b, full, dist.all_gather_single(full, shard, group=self.group, async_op=True)))
             else:
-                full.copy_(b.master.data)
-            for p, s in zip(b.params, b.offsets):
-                loc = _local(p)
-                loc.copy_(full[s:s + loc.numel()].view_as(loc))
+                full.copy_(shard)
+                gathers.append((b, full, None))
+        for b, full, work in gathers:
+            if work is not None:
+                work.wait()
+            if b.param_buffer is not None:
+                b.seen_version = b.param_buffer._version
+                continue
+            local = [_local(p) for p in b.params]
+            torch._foreach_copy_(local, [full[s:s + t.numel()].view_as(t) for t, s in zip(local, b.offsets)])
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradient buffers (kept allocated whatever `set_to_none` says: the shard
-        accumulator, and under zero1 the full buffers, are persistent by design)."""
+        accumulator, and under zero1 the full buffers, are persistent by design). A full
+        buffer already reduced is zero (_finish_reduce): only unreduced ones are zeroed."""
+        self._finish_all()  # no reduce-scatter left reading a buffer
         for b in self.buckets:
             if b.grad_shard is not None:
                 b.grad_shard.zero_()
             if b.grad_full is not None:
                 if self.stage == 2:
                     b.grad_full = None
-                else:
+                elif b.pending:
                     b.grad_full.zero_()
             b.ready, b.pending = 0, False
             b.master.grad = None
-            for p in b.params:
-                p.grad = None
+            if not b.grad_views:  # (views of grad_full stay: it was zeroed above)
+                for p in b.params:
+                    p.grad = None
 
     # ------------------------------------------------------------------ checkpoint state
 

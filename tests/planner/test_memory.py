@@ -241,7 +241,8 @@ def test_fits_flips_when_device_memory_drops_below_total():
 def test_cpu_terms_optimizer_bytes_and_buffer_copies():
     """optimizer_bytes_per_param sets the optimizer's memory traffic (default: a fused
     AdamW's 28 B in fp32); dp_buffer_copies charges the passes over each data-parallel
-    buffer around its collective (0 on GPUs, where they hide on the communication stream)."""
+    buffer around its collective (0 on GPUs, where they hide on the communication stream;
+    none for DistributedDataParallel's bucket views)."""
     m = get_model("protein-small")
     mach = load_machine("dgx-h100")
     j = job(gb=8, seq=256, precision=Precision.fp32)
@@ -256,7 +257,9 @@ def test_cpu_terms_optimizer_bytes_and_buffer_copies():
     slow = mach.model_copy(update={"dp_buffer_copies": 2.0, "overlap": mach.overlap.model_copy(update={"dp": 0.0})})
     no_copy = mach.model_copy(update={"overlap": mach.overlap.model_copy(update={"dp": 0.0})})
     with_copies, without = evaluate(m, slow, j, L), evaluate(m, no_copy, j, L)
-    assert np.all(with_copies.dp_s > without.dp_s)
+    # exaplan's DistributedDataParallel reduces the gradients in its buckets (no copies);
+    # FSDP2 copies in and out around every collective.
+    assert with_copies.dp_s[0] == without.dp_s[0] and with_copies.dp_s[1] > without.dp_s[1]
     assert np.all(with_copies.compute_s == without.compute_s)
 
 

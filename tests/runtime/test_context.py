@@ -126,6 +126,8 @@ def make_plan(lay: dict) -> Plan:
     d["machine"] = {**d["machine"], "devices_per_node": world}
     d["ranks_per_node"] = world
     d["mesh"] = {**d["mesh"], "pp": pp, "cp": lay["cp"]}
+    if pp > 1 and d["sharding"]["ddp_impl"] == "ddp":  # the planner's choice: pipeline stages replicate
+        d["sharding"]["ddp_impl"] = "replicate"
     if pp > 1:
         layers = SPECS[lay["spec"]].layers
         ranges = [(i * layers // pp, (i + 1) * layers // pp) for i in range(pp)]
