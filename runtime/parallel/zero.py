@@ -21,6 +21,10 @@ slice of the bucket's flat buffer and frees `param.grad`, so gradients never liv
             P x 4 / G plus the buckets in flight.
 
 The reduction is a sum divided by G (the mean over data-parallel ranks, as DDP does), in fp32.
+On gloo (CPU ranks) the reduce-scatter is an allreduce of the bucket of which each rank keeps
+its shard, and the all-gather one broadcast per owner: gloo's own reduce-scatter and
+all-gather take about twice as long (25 MiB on 2 ranks: allreduce 16 ms, reduce-scatter 32
+ms, all-gather 17 ms, broadcast 8.5 ms).
 
 Step. AdamW (torch.optim.AdamW underneath, foreach path: one kernel per operation over all
 the shards; the same arithmetic as plain AdamW on the whole model) runs on each bucket's
@@ -134,6 +138,10 @@ class ZeroOptimizer(torch.optim.AdamW):
         # whose schedule cannot say which micro-batch is the last) reduces at the step.
         self.sync_enabled = True
         self.overlap_sync = True
+        # gloo (CPU): an allreduce instead of its slow reduce-scatter, and the all-gather as
+        # one broadcast per owner (ZeroRedundancyOptimizer's way): both about twice as fast.
+        self.gloo = self.dp_size > 1 and dist.get_backend(self.group) == "gloo"
+        self.owners = [dist.get_global_rank(self.group, r) for r in range(self.dp_size)] if self.gloo else []
         # Every master shard is a plain fp32 tensor: torch's foreach kernels take them all.
         super().__init__([b.master for b in self.buckets], lr=lr, betas=betas, eps=eps,
                          weight_decay=weight_decay, foreach=True)
@@ -239,12 +247,14 @@ class ZeroOptimizer(torch.optim.AdamW):
         flight (the previous one is finished first, so only its full buffer is alive)."""
         if self.stage == 2:
             self._finish_all()
-        out = torch.empty(b.shard_numel, dtype=torch.float32, device=b.grad_full.device)
-        work = None
-        if self.dp_size > 1:
-            work = dist.reduce_scatter_single(out, b.grad_full, group=self.group, async_op=True)
+        work, out = None, None
+        if self.dp_size == 1:
+            out = b.grad_full.clone()
+        elif self.gloo:  # allreduce, keep this rank's shard (see the module docstring)
+            work = dist.all_reduce(b.grad_full, group=self.group, async_op=True)
         else:
-            out.copy_(b.grad_full)
+            out = torch.empty(b.shard_numel, dtype=torch.float32, device=b.grad_full.device)
+            work = dist.reduce_scatter_single(out, b.grad_full, group=self.group, async_op=True)
         b.inflight, b.pending, b.ready = (work, out), False, 0
 
     @torch.no_grad()
@@ -252,11 +262,12 @@ class ZeroOptimizer(torch.optim.AdamW):
         work, out = b.inflight
         if work is not None:
             work.wait()
-            out.div_(self.dp_size)
+        if out is None:  # allreduced in place: this rank's shard of the sum
+            out = b.grad_full[b.lo:b.lo + b.shard_numel]
         if b.grad_shard is None:
-            b.grad_shard = out
+            b.grad_shard = out.div(self.dp_size)  # (a new tensor: `out` may be a view of grad_full)
         else:
-            b.grad_shard.add_(out)
+            b.grad_shard.add_(out, alpha=1.0 / self.dp_size)
         if self.stage == 2:
             b.grad_full = None  # the full gradient is gone: only this rank's shard is kept
         else:
@@ -331,14 +342,21 @@ class ZeroOptimizer(torch.optim.AdamW):
             flat = b.param_buffer
             full = flat if flat is not None else torch.empty(b.numel, dtype=torch.float32, device=b.master.device)
             shard = b.master.data if full.dtype == torch.float32 else b.master.data.to(full.dtype)
-            if self.dp_size > 1:
+            if self.gloo:
+                full[b.lo:b.lo + b.shard_numel].copy_(shard)
+                n = b.shard_numel
+                gathers += [(b, full, dist.broadcast(full[r * n:(r + 1) * n], src, group=self.group, async_op=True))
+                            for r, src in enumerate(self.owners)]
+            elif self.dp_size > 1:
                 gathers.append((b, full, dist.all_gather_single(full, shard, group=self.group, async_op=True)))
             else:
                 full.copy_(shard)
                 gathers.append((b, full, None))
-        for b, full, work in gathers:
+        for i, (b, full, work) in enumerate(gathers):
             if work is not None:
                 work.wait()
+            if i + 1 < len(gathers) and gathers[i + 1][0] is b:
+                continue  # the bucket's other broadcasts first
             if b.param_buffer is not None:
                 b.seen_version = b.param_buffer._version
                 continue
