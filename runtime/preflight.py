@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 from planner.schema.errors import PlanError
@@ -91,11 +92,18 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def require_torch() -> None:
-    """PlanError (exit 2, no traceback) with how to install it when torch cannot be imported."""
+    """PlanError (exit 2, no traceback) with how to install it when torch cannot be found.
+    Found, not imported: this process never uses torch (the ranks do), and importing it here
+    put about a second before every run's first step (make bench-runtime)."""
+    import importlib.util
+
     try:
-        import torch  # noqa: F401
-    except (ImportError, OSError) as e:
-        raise PlanError(f"needs torch, which cannot be imported here ({type(e).__name__}: {e}). Install the runtime "
+        missing = sys.modules.get("torch", False) is None or importlib.util.find_spec("torch") is None
+        why = "not installed"
+    except (ImportError, ValueError) as e:
+        missing, why = True, f"{type(e).__name__}: {e}"
+    if missing:
+        raise PlanError(f"needs torch, which cannot be imported here ({why}). Install the runtime "
                         f"extra: {INSTALL_HINT}", field="torch") from None
 
 

@@ -51,12 +51,26 @@ The package: paths.py (step folders, markers, finding and pruning checkpoints), 
 
 from __future__ import annotations
 
-from runtime.checkpoint.io import FORMAT_VERSION, load, save
+import importlib
+
 from runtime.checkpoint.paths import (COMPLETE, META, OPTIM_DIR, RNG_DIR, TMP_SUFFIX, checkpoint_step, is_complete, latest,
                                       list_checkpoints, prune, resolve, step_dir_name)
-from runtime.checkpoint.state import (DCP_KINDS, OPT_HOOKS, OPT_MIXED, OPT_NONE, OPT_PER_RANK, OPT_TORCH, OPT_ZERO,
-                                      load_model_state, load_optimizer_state_from_checkpoint, model_state_for_checkpoint,
-                                      optimizer_kind, optimizer_state_for_checkpoint, reseed, rng_state, set_rng_state)
+
+# io.py and state.py import torch: loaded when first used, so that `exaplan run` can look for
+# checkpoints (paths.py) before it starts the ranks without importing torch itself.
+_LAZY = {name: "runtime.checkpoint.io" for name in ("FORMAT_VERSION", "load", "save")} | {
+    name: "runtime.checkpoint.state" for name in (
+        "DCP_KINDS", "OPT_HOOKS", "OPT_MIXED", "OPT_NONE", "OPT_PER_RANK", "OPT_TORCH", "OPT_ZERO", "load_model_state",
+        "load_optimizer_state_from_checkpoint", "model_state_for_checkpoint", "optimizer_kind",
+        "optimizer_state_for_checkpoint", "reseed", "rng_state", "set_rng_state")}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'runtime.checkpoint' has no attribute {name!r}")
 
 __all__ = [
     "COMPLETE", "DCP_KINDS", "FORMAT_VERSION", "META", "OPTIM_DIR", "OPT_HOOKS", "OPT_MIXED", "OPT_NONE", "OPT_PER_RANK",
