@@ -336,9 +336,9 @@ class _Pretrain:
         if plan.mesh.pp > 1:
             from runtime.parallel.pipeline import build_schedule
 
-            # Stages pass this cp rank's seq / cp tokens.
+            # Stages pass seq / cp tokens; the loss stays on the last stage (reduce_metric_rows).
             self.runner = build_schedule(parts, plan, mesh["pp"], device, self.gas, loss_fn,
-                                         (mbs, seq // self.cp_size))
+                                         (mbs, seq // self.cp_size), broadcast_loss=False)
         self.fixed_batch = None  # io-mode synthetic: one batch, reused
         self.seen: list[int] = []  # global sample numbers of this step on this rank
         self._loss = 0.0  # this rank's loss of the last step
@@ -384,14 +384,17 @@ class _Pretrain:
         return self._loss.reshape(1)
 
     def reduce_metric_rows(self, rows) -> list[tuple[float, None]]:
-        """The global batch's loss of each kept step: the mean over the data- and
-        context-parallel ranks (every cp rank holds the same number of tokens), one all-reduce."""
+        """The global batch's loss of each kept step, one all-reduce over all ranks: the ranks
+        holding the last pipeline stage (all of them without a pipeline) contribute their
+        loss, the others 0; the mean over them is the mean over the data- and context-parallel
+        ranks (every cp rank holds the same number of tokens; tp ranks hold the same loss)."""
         import torch
         import torch.distributed as dist
 
         rows = rows.to(self.device, torch.float32)
-        dist.all_reduce(rows, group=self.mesh["dp_cp"].get_group())
-        return [(v / self.mesh["dp_cp"].size(), None) for v in rows[:, 0].tolist()]
+        dist.all_reduce(rows)
+        holders = dist.get_world_size() // self.plan.mesh.pp
+        return [(v / holders, None) for v in rows[:, 0].tolist()]
 
     def validate(self) -> float:
         """Mean loss over `val_batches` global batches of validation samples (no gradients): the
@@ -412,10 +415,10 @@ class _Pretrain:
                 batch = loader.next_microbatch().to(self.device)
                 inputs, targets = shard_sequence(batch, self.cp_rank, self.cp_size)
                 if self.runner is not None:
-                    losses.append(self.runner.evaluate(inputs, targets))
+                    losses.append(self.runner.evaluate(inputs, targets) or 0.0)  # None off the last stage
                 else:
                     losses.append(float(loss_fn(self.handles[0].forward(inputs), targets)))
-        return _global_loss(sum(losses) / len(losses), mesh, self.device)
+        return self.reduce_metric_rows(torch.tensor([[sum(losses) / len(losses)]]))[0][0]
 
 
 def build_model(plan, mesh, device, seed: int, compile_blocks: bool = False):
@@ -480,17 +483,6 @@ def _fault_injection(step: int, rank: int) -> None:
         kill_rank, kill_step = (int(x) for x in spec.split(":"))
         if rank == kill_rank and step == kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _global_loss(loss, mesh, device) -> float:
-    """Mean of the data- and context-parallel ranks' losses (the loss of the whole global
-    batch: every cp rank holds the same number of tokens)."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([0.0 if loss is None else float(loss)], device=device)
-    dist.all_reduce(t, group=mesh["dp_cp"].get_group())
-    return float(t) / mesh["dp_cp"].size()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@
   imports launch/;
 - report/ imports from exaplan only planner/ (planner.whatif included) and machine_models/ (no
   torch); only cli/ imports report/;
+- benchmarks/ (the hand-written torch loops `make bench-runtime` compares against) imports from
+  exaplan only the model (runtime.model) and the model presets (planner.presets); nothing
+  imports benchmarks/;
 - no import cycles between files (imports under `if TYPE_CHECKING:` aside; imports inside
   functions count: a lazy import still ties the files together);
 - files of at most 500 lines, functions of at most 80 unless the docstring says why
@@ -24,7 +27,7 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli", "launch", "report")
+PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli", "launch", "report", "benchmarks")
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTION_NOTE = "Why one function:"
@@ -169,6 +172,16 @@ def test_report_imports_only_the_planner_and_machine_models():
 
     assert _violations(rule) == []
     assert _violations(lambda m, n: _top(n) == "report" and _top(m) not in ("report", "cli")) == []
+
+
+def test_benchmarks_import_only_the_model_and_its_presets():
+    """Plain torch against which `exaplan run` is measured: none of the runtime's parallelism."""
+    def rule(m, n):
+        return _top(m) == "benchmarks" and _top(n) in PACKAGES and _top(n) != "benchmarks" and n not in (
+            "runtime.model", "planner.presets")
+
+    assert _violations(rule) == []
+    assert _violations(lambda m, n: _top(n) == "benchmarks" and _top(m) != "benchmarks") == []
 
 
 def test_no_import_cycles_between_files():
