@@ -335,23 +335,39 @@ class ZeroOptimizer(torch.optim.AdamW):
             if fp32 and (b.param_buffer is None or b.param_buffer._version != b.seen_version):
                 self._load_master(b)  # fp32: the parameters are the master weights (written since)
             b.master.grad = b.grad_shard if b.grad_shard is not None else torch.zeros_like(b.master)
-        super().step()
         gathers = []  # every bucket's all-gather started, then each waited for (and copied back)
-        for b in self.buckets:
-            b.master.grad = None
-            flat = b.param_buffer
-            full = flat if flat is not None else torch.empty(b.numel, dtype=torch.float32, device=b.master.device)
-            shard = b.master.data if full.dtype == torch.float32 else b.master.data.to(full.dtype)
-            if self.gloo:
-                full[b.lo:b.lo + b.shard_numel].copy_(shard)
-                n = b.shard_numel
-                gathers += [(b, full, dist.broadcast(full[r * n:(r + 1) * n], src, group=self.group, async_op=True))
-                            for r, src in enumerate(self.owners)]
-            elif self.dp_size > 1:
-                gathers.append((b, full, dist.all_gather_single(full, shard, group=self.group, async_op=True)))
-            else:
-                full.copy_(shard)
-                gathers.append((b, full, None))
+        groups = self.param_groups
+        try:
+            for b in self.buckets:  # AdamW bucket by bucket: each all-gather runs under the next one's update
+                self.param_groups = [{**groups[0], "params": [b.master]}]
+                super().step()
+                b.master.grad = None
+                gathers += self._start_gather(b)
+        finally:
+            self.param_groups = groups
+        self._finish_gathers(gathers)
+        return None
+
+    def _start_gather(self, b: _Bucket) -> list[tuple]:
+        """Start the all-gather of the bucket's updated shards: [(bucket, buffer, work)]."""
+        gathers = []
+        flat = b.param_buffer
+        full = flat if flat is not None else torch.empty(b.numel, dtype=torch.float32, device=b.master.device)
+        shard = b.master.data if full.dtype == torch.float32 else b.master.data.to(full.dtype)
+        if self.gloo:
+            full[b.lo:b.lo + b.shard_numel].copy_(shard)
+            n = b.shard_numel
+            gathers += [(b, full, dist.broadcast(full[r * n:(r + 1) * n], src, group=self.group, async_op=True))
+                        for r, src in enumerate(self.owners)]
+        elif self.dp_size > 1:
+            gathers.append((b, full, dist.all_gather_single(full, shard, group=self.group, async_op=True)))
+        else:
+            full.copy_(shard)
+            gathers.append((b, full, None))
+        return gathers
+
+    def _finish_gathers(self, gathers: list[tuple]) -> None:
+        """Wait for the all-gathers and bring each bucket's parameters up to date."""
         for i, (b, full, work) in enumerate(gathers):
             if work is not None:
                 work.wait()
@@ -362,7 +378,6 @@ class ZeroOptimizer(torch.optim.AdamW):
                 continue
             local = [_local(p) for p in b.params]
             torch._foreach_copy_(local, [full[s:s + t.numel()].view_as(t) for t, s in zip(local, b.offsets)])
-        return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradient buffers (kept allocated whatever `set_to_none` says: the shard
