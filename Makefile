@@ -48,7 +48,7 @@ bench: venv
 	$(MAKE) bench-runtime
 
 # `exaplan run` against hand-written torch loops of the same layouts (ddp, fsdp, zero1, tp_sp,
-# pp_1f1b; benchmarks/): 3 interleaved rounds x 30 steps each, about 20-25 minutes on 2 cores; run
+# pp_1f1b; benchmarks/): 3 interleaved rounds x 30 steps each, about 13 minutes on 2 cores; run
 # it on an otherwise idle machine. Results: runs/bench-runtime/results.{md,json}.
 bench-runtime: venv
 	$(BIN)/python -m benchmarks.runtime_vs_torch --out runs/bench-runtime
