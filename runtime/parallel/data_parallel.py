@@ -56,7 +56,6 @@ assumes one model part per pipeline rank; with several (interleaved schedules) c
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Sequence
 
 import torch
