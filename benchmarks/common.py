@@ -110,6 +110,34 @@ def adamw(params):
     return torch.optim.AdamW(params, **ADAMW)
 
 
+def ddp(model, device, bucket_cap_mb: float = 25):
+    """torch's DistributedDataParallel around `model`: the plan's 25 MB bucket, gradients as
+    bucket views (what the DDP and ZeRO-1 baselines wrap)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
+
+
+def plain_step(forward, inputs, targets, params, opt):
+    """The step every baseline without a pipeline times: forward, loss, backward, torch's
+    clip_grad_norm_ (global over DTensors too), optimizer step, zero_grad. Returns a
+    callable for `run_steps`."""
+    import torch
+
+    from runtime.model import loss_fn
+
+    def step():
+        loss = loss_fn(forward(inputs), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
 def run_steps(step: Callable[[], object], steps: int, device) -> tuple[list[float], float, list]:
     """Call `step` (forward, backward, clip, optimizer step, zero_grad) `steps` times.
     Returns (step times in s, time.time() at the end of the first step, what each step returned)."""

@@ -19,29 +19,15 @@ from benchmarks import common  # noqa: E402
 
 def main(argv=None) -> int:
     args = common.parse_args(__doc__, argv)
-    import torch
-    from torch.nn.parallel import DistributedDataParallel
-
-    from runtime.model import loss_fn
-
     device, rank, world = common.setup()
     spec = common.model_spec()
     model = common.meta_model(spec)
     common.materialise(model, spec, device, args.seed)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                  bucket_cap_mb=25, gradient_as_bucket_view=True)
+    ddp = common.ddp(model, device)
     params = list(ddp.parameters())
     opt = common.adamw(params)
     inputs, targets = common.synthetic_batch(spec, common.GLOBAL_BATCH // world, args.seed + rank, device)
-
-    def step():
-        loss = loss_fn(ddp(inputs), targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, common.MAX_NORM)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
+    step = common.plain_step(ddp, inputs, targets, params, opt)
     times, first_end, losses = common.run_steps(step, args.steps, device)
     common.report(args, "ddp", T_START, times, first_end, losses)
     return 0

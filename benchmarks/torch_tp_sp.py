@@ -61,10 +61,7 @@ def tensor_parallel(model, mesh) -> None:
 
 def main(argv=None) -> int:
     args = common.parse_args(__doc__, argv)
-    import torch
     from torch.distributed.device_mesh import init_device_mesh
-
-    from runtime.model import loss_fn
 
     device, rank, world = common.setup()
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
@@ -75,15 +72,7 @@ def main(argv=None) -> int:
     params = list(model.parameters())
     opt = common.adamw(params)
     inputs, targets = common.synthetic_batch(spec, common.GLOBAL_BATCH, args.seed, device)  # the same on both ranks
-
-    def step():
-        loss = loss_fn(model(inputs), targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, common.MAX_NORM)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
+    step = common.plain_step(model, inputs, targets, params, opt)
     times, first_end, losses = common.run_steps(step, args.steps, device)
     common.report(args, "tp_sp", T_START, times, first_end, losses)
     return 0
