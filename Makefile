@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q '$(TORCH)'
-	$(BIN)/python -m pip install -q -e '.[dev,plot,runtime]'
+	$(BIN)/python -m pip install -q -e '.[dev,plot,runtime,jax]'
 	touch $(STAMP)
 
 # The main job: plan protein-3.5b for the five seed systems, then plan protein-small for

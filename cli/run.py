@@ -17,13 +17,18 @@ def run(args: argparse.Namespace) -> int:
     """Check every option, that torch imports and (on a workstation) that the plan fits this
     machine, before anything is prepared or created (runtime/preflight.py). Under a launcher:
     run as one rank. Otherwise take the --out lock, prepare the data once, and start the
-    plan's ranks through torchrun (each runs `runtime.trainer` with the same options)."""
+    plan's ranks through torchrun (each runs `runtime.trainer` with the same options).
+    --backend jax (or a plan made for it): jaxrt/launch.py, in this process."""
     from runtime import launch, preflight
     from runtime.options import check_run_args
 
     preflight.check_options(args)
-    preflight.require_torch()
     plan = check_run_args(args)
+    if (args.backend or getattr(plan, "backend", None) or "torch") == "jax":
+        from jaxrt.launch import start
+
+        return start(args, plan)
+    preflight.require_torch()
     if launch.detect() is not None:
         from runtime import trainer
 

@@ -126,6 +126,18 @@ class StepCounter:
         self.last_indices = np.arange(start, start + self.micro_batch, dtype=np.int64)
         return self.last_indices
 
+    def take_step(self) -> np.ndarray:
+        """The global sample numbers of the whole next step on every data-parallel rank, shape
+        (grad_accumulation, dp_size, micro_batch): [m, r] is rank r's micro-batch m, the
+        samples `next_microbatch` would give that rank. Advances one step (for a single
+        controller that assembles every rank's batch: the JAX backend, jaxrt/data.py)."""
+        if self._micro:
+            raise PlanError("take_step: the loader is in the middle of a step")
+        m, r, j = np.ogrid[:self.grad_accumulation, :self.dp_size, :self.micro_batch]
+        idx = self._step_start + r * self.per_rank + m * self.micro_batch + j
+        self._step_start += self.global_batch
+        return idx.astype(np.int64)
+
     @property
     def samples_consumed(self) -> int:
         """Global samples in completed steps (the same on every rank)."""
@@ -253,6 +265,16 @@ class Loader(StepCounter):
         return torch.from_numpy(np.stack([self.sample(g) for g in idx]))
 
 
+def synthetic_batch(seed: int, dp_rank: int, micro_batch: int, seq_len: int) -> np.ndarray:
+    """io_mode 'synthetic': data-parallel rank `dp_rank`'s fixed batch, int64 [micro_batch,
+    seq_len + 1] (residue tokens after <bos>), the same in every backend."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, dp_rank, 7])))
+    first, last = TOKEN_TO_ID["A"], TOKEN_TO_ID["Y"]
+    batch = rng.integers(first, last + 1, size=(micro_batch, seq_len + 1), dtype=np.int64)
+    batch[:, 0] = BOS_ID
+    return batch
+
+
 class SyntheticLoader(StepCounter):
     """io_mode 'synthetic': one fixed random batch (residue tokens after <bos>) returned on
     every call (the same tensor: no loading, no copy); counts samples like Loader."""
@@ -262,11 +284,7 @@ class SyntheticLoader(StepCounter):
         import torch
 
         self._init_layout(seq_len, micro_batch, dp_rank, dp_size, grad_accumulation, seed)
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, self.dp_rank, 7])))
-        first, last = TOKEN_TO_ID["A"], TOKEN_TO_ID["Y"]
-        batch = rng.integers(first, last + 1, size=(self.micro_batch, self.seq_len + 1), dtype=np.int64)
-        batch[:, 0] = BOS_ID
-        self.batch = torch.from_numpy(batch)
+        self.batch = torch.from_numpy(synthetic_batch(self.seed, self.dp_rank, self.micro_batch, self.seq_len))
         self.mode = "synthetic"
 
     def _stream_key(self) -> dict[str, Any]:

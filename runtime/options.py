@@ -34,6 +34,10 @@ def add_run_arguments(ap: argparse.ArgumentParser) -> None:
     """The run's options, on `ap`."""
     ap.add_argument("plan", help="plan file (`exaplan plan ... -o plan.yaml`)")
     ap.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
+    ap.add_argument("--backend", choices=["torch", "jax"], default=None,
+                    help="the runtime: torch (torch.distributed, every layout) or jax (jaxrt/: a jit-compiled step on "
+                         "a jax.sharding.Mesh; no pipeline or context parallelism, no DPO); default: the plan's "
+                         "`backend`, else torch")
     ap.add_argument("--data", help="FASTA file(s, comma-separated) or a prepared directory (default: the shipped "
                                    "UniProt sample)")
     ap.add_argument("--out", default="runs/latest", help="output directory (metrics, checkpoints, summary)")
