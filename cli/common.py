@@ -21,8 +21,9 @@ WORKLOAD_HELP = ("pretrain (next-token loss), or dpo: preference tuning on (chos
                  "counts pairs, both sequences run through the policy, plus a frozen reference model")
 FRAMEWORK_HELP = ("the training software the job runs with, as a profile of machine_models/frameworks.yaml: exaplan "
                   "(default: torch FSDP2/DDP/pipelining, exaplan's runtime), megatron (Megatron-LM), deepspeed "
-                  "(Megatron-DeepSpeed); it sets the fitted overlap and per-step figures, the shardings searched, "
-                  "sequence parallelism, the gradient-reduction precision and the DDP buckets")
+                  "(Megatron-DeepSpeed), jax (exaplan's JAX backend, jaxrt/); it sets the fitted overlap and per-step "
+                  "figures, the shardings searched, sequence, pipeline and context parallelism, the precisions, the "
+                  "gradient-reduction precision and the DDP buckets")
 REFERENCE_HELP = ("dpo: the reference model runs its forward passes in every step and is held in memory (in-step, "
                   "default), or its log-probabilities were precomputed once (exaplan run --precompute-reference)")
 

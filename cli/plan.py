@@ -13,6 +13,8 @@ def add_parser(sub) -> None:
                        description="Search every legal layout of the job on the machine, rank by predicted step time "
                                    "(then memory), print the top K and why the best won, and write the best plan.")
     add_job_options(p)
+    p.set_defaults(framework=None)  # None: exaplan's, or jax's with --backend jax (an explicit one is checked)
+    p.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
     p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default plan.yaml; .json for JSON)")
     p.add_argument("--no-write", action="store_true", help="print only; write no plan file")
@@ -20,6 +22,28 @@ def add_parser(sub) -> None:
                    help="draws of the fitted figures within their uncertainty to test whether the first choice stays "
                         "first (default 200; 0: skip)")
     add_pin_options(p)
+
+
+BACKENDS = ("torch", "jax")
+BACKEND_HELP = ("the runtime the plan is for, written into it as `backend:`: torch (exaplan's torch runtime; the "
+                "default, and without the option the plan names none, as plans did before the JAX backend) or jax "
+                "(the JAX backend, jaxrt/): jax searches only the layouts the JAX backend runs (pp = 1, cp = 1, bf16 "
+                "or fp32, pretrain; every sharding, tensor parallelism with or without sequence parallelism, every "
+                "recompute) with the jax framework profile of machine_models/frameworks.yaml (--framework, if given, "
+                "must be jax)")
+
+
+def backend_framework(args: argparse.Namespace) -> str | None:
+    """The framework profile --backend and --framework name together (None: exaplan's);
+    PlanError naming the option for a combination the backend cannot run."""
+    if args.backend != "jax":
+        return args.framework
+    if args.framework not in (None, "jax"):
+        raise PlanError(f"--backend jax plans with the jax profile, not {args.framework!r} (drop --framework or give "
+                        f"--framework jax)", field="framework")
+    if args.workload != "pretrain":
+        raise PlanError(f"--backend jax runs pretrain only, not {args.workload}", field="workload")
+    return "jax"
 
 
 def add_pin_options(p) -> None:
@@ -57,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top <= 0:
         raise PlanError("must be at least 1", field="top")
     pins = pins_of(args)
+    args.framework = backend_framework(args)
     model, machine, job = load_inputs(args)
     out = None if args.json else console()
     if out is None:
@@ -65,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         with out.status(f"searching layouts of {model.name} on {args.nodes} x {machine.name} ..."):
             result = search(model, machine, job, args.nodes, top_k=args.top, pins=pins)
     lay, ev = result.layouts, result.evaluation
-    plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line())
+    plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line(), backend=args.backend)
     if not args.no_write:
         write_plan(plan, args.output)
     u = uncertainty_of(machine, job.framework)
@@ -108,7 +133,8 @@ def _print(out, args, model, machine, job, result, plan, stats) -> None:
 
     lay, ev = result.layouts, result.evaluation
     out.print(f"[b]{model.name}[/b] on {args.nodes} x {machine.name} = {result.world:,} ranks; global batch "
-              f"{job.global_batch:,} x {job.seq_len} tokens, {job.precision.value}, framework {job.framework.name}")
+              f"{job.global_batch:,} x {job.seq_len} tokens, {job.precision.value}, framework {job.framework.name}"
+              + (f", backend {args.backend}" if args.backend else ""))
     out.print(f"searched {result.total_layouts:,} legal layouts ({result.layouts_scored:,} with collective-algorithm "
               f"choices) in {result.seconds:.3f} s ({stats['layouts_per_second']:,.0f} /s); {result.fitting:,} fit in "
               f"{machine.device_memory_gib:g} GiB per device")

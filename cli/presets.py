@@ -1,4 +1,5 @@
-"""`exaplan list`: the model and machine presets; `--devices`: the device kinds."""
+"""`exaplan list`: the model and machine presets and the framework profiles; `--devices`: the
+device kinds."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from cli.common import add_json_option, console, print_json
 
 
 def add_parser(sub) -> None:
-    ls = sub.add_parser("list", help="list model and machine presets (--devices: device kinds)",
-                        description="The model presets (with their size and shape) and the machine presets. "
+    ls = sub.add_parser("list", help="list model and machine presets and framework profiles (--devices: device kinds)",
+                        description="The model presets (with their size and shape), the machine presets and the "
+                                    "framework profiles of machine_models/frameworks.yaml (--framework NAME). "
                                     "--devices lists the device kinds of machine_models/device_kinds.yaml instead: "
                                     "whether each kind's efficiency figures are fitted to published runs, copied "
                                     "from another kind, or unfitted first guesses, and the machine presets that use "
@@ -22,12 +24,12 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "devices", False):
         return _run_devices(args)
-    from machine_models import list_machines
+    from machine_models import list_frameworks, list_machines, load_framework
     from planner.cost.flops import total_params
     from planner.presets import MODEL_PRESETS
 
     if args.json:
-        print_json(dict(models=list(MODEL_PRESETS), machines=list_machines()))
+        print_json(dict(models=list(MODEL_PRESETS), machines=list_machines(), frameworks=list_frameworks()))
         return 0
     out = console()
     for name, m in MODEL_PRESETS.items():
@@ -35,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
                   f"heads {m.heads}/{m.kv_heads}, seq {m.seq_len}")
     for name in list_machines():
         out.print(f"machine {name}")
+    for name in list_frameworks():  # the description up to its first colon: what the profile stands for
+        out.print(f"framework {name:11s} {load_framework(name).description.split(': ')[0]}", markup=False, highlight=False)
     return 0
 
 

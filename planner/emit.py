@@ -189,15 +189,17 @@ def _finite_prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob
             e, prefix="prediction") + "); check the machine's and the model's figures") from None
 
 
-def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, lay: Layouts, ev: Evaluation, i: int, command: str | None = None) -> Plan:
-    """The plan of row i of an evaluation of explicit layouts."""
+def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, lay: Layouts, ev: Evaluation, i: int,
+               command: str | None = None, backend: str | None = None) -> Plan:
+    """The plan of row i of an evaluation of explicit layouts, for `backend` (torch, jax; None:
+    the torch runtime, unnamed as in plans before the JAX backend)."""
     one = lay.take([i])
     row = one.row(0)
     kind = SHARDINGS[row["sharding"]]
     mesh = Mesh(pp=row["pp"], dp_replicate=row["dp_replicate"], dp_shard=row["dp_shard"], cp=row["cp"], tp=row["tp"])
     env = _collective_env(machine, one, row, kind, ev, i)
     comms = _communicators(model, machine, job, one, row, kind, ev, i)
-    plan = Plan(
+    parts = dict(
         model=model, machine=machine, job=job, nodes=nodes, ranks_per_node=machine.devices_per_node, mesh=mesh,
         micro_batch_size=row["mbs"], grad_accumulation_steps=row["gas"], sequence_parallel=bool(row["sp"]),
         pipeline=Pipeline(schedule=SCHEDULES[row["schedule"]], virtual_stages=row["vpp"],
@@ -212,4 +214,8 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,
                               command=command or shlex.join(["exaplan", *sys.argv[1:]])),
     )
+    try:
+        plan = Plan(backend=backend, **parts)
+    except ValidationError as e:
+        raise PlanError(format_validation_error(e)) from None
     return seal(plan)

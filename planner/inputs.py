@@ -11,7 +11,9 @@ from pydantic import BaseModel, ValidationError
 
 from planner.schema.errors import PlanError, check_name_or_path, format_validation_error
 from planner.presets import MODEL_PRESETS, get_model
-from planner.schema.specs import RENAMED_MACHINE_FIELDS, FrameworkProfile, MachineModel, ModelSpec, Precision, TrainingJob
+from planner.schema.specs import (
+    RENAMED_MACHINE_FIELDS, FrameworkProfile, MachineModel, ModelSpec, Precision, TrainingJob, precision_message,
+)
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -108,14 +110,18 @@ def check_overrides(overrides: list[tuple[str, Any]], allowed: tuple[str, ...]) 
             raise PlanError(f"--set fields start with one of {', '.join(p + '.' for p in allowed)}", field=key)
 
 
-def default_precision(machine: MachineModel) -> Precision:
+def default_precision(machine: MachineModel, framework: FrameworkProfile | None = None) -> Precision:
     """fp32 on CPU machines (gloo: the runtime trains CPU plans in fp32, as bf16 autocast is
     slow there even where bf16 matmuls are fast); elsewhere bf16 where the device runs it
-    faster than fp32."""
+    faster than fp32. Of the framework's precisions (its first when it trains in neither)."""
     if machine.collective_library.value == "gloo":
-        return Precision.fp32
-    bf16 = machine.peak_tflops.get(Precision.bf16, 0.0)
-    return Precision.bf16 if bf16 > machine.peak_tflops[Precision.fp32] else Precision.fp32
+        best = Precision.fp32
+    else:
+        bf16 = machine.peak_tflops.get(Precision.bf16, 0.0)
+        best = Precision.bf16 if bf16 > machine.peak_tflops[Precision.fp32] else Precision.fp32
+    if framework is None or best in framework.precisions:
+        return best
+    return Precision.fp32 if Precision.fp32 in framework.precisions else framework.precisions[0]
 
 
 def make_job(model: ModelSpec, machine: MachineModel, world: int, global_batch: int | None, seq_len: int | None,
@@ -125,11 +131,14 @@ def make_job(model: ModelSpec, machine: MachineModel, world: int, global_batch: 
     pairs, the same 8 sequences), the model's sequence length, the machine's fastest
     precision, 1e9 tokens, exaplan's own runtime as the framework."""
     per_rank = 4 if workload == "dpo" else 8
+    precision = precision or default_precision(machine, framework).value
+    if framework is not None and precision in {p.value for p in Precision} and Precision(precision) not in framework.precisions:
+        raise PlanError(precision_message(precision, framework), field="precision")
     data = {
         "global_batch": global_batch if global_batch is not None else per_rank * world,
         "reference": reference,
         "seq_len": seq_len if seq_len is not None else model.seq_len,
-        "precision": precision or default_precision(machine).value,
+        "precision": precision,
         "workload": workload,
     }
     if token_budget is not None:

@@ -167,10 +167,11 @@ class Space:
                      self.gas[rows], self.schedule[rows])
 
     def allowed_by(self, framework: FrameworkProfile) -> np.ndarray:
-        """Per row: whether the framework runs it (its shardings; sequence parallelism only
-        where it offers it)."""
+        """Per row: whether the framework runs it (its shardings; sequence, pipeline and
+        context parallelism only where it offers them)."""
         ok_mesh = np.isin(self.meshes.sharding, [SHARDINGS.index(s) for s in framework.shardings])
-        ok_unit = (self.units.sp == 0) | framework.sequence_parallel
+        ok_unit = (((self.units.sp == 0) | framework.sequence_parallel) & ((self.units.pp == 1) | framework.pipeline_parallel)
+                   & ((self.units.cp == 1) | framework.context_parallel))
         return ok_mesh[self.mesh] & ok_unit[self.unit]
 
     def layouts(self, rows=None) -> Layouts:
@@ -203,4 +204,8 @@ def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0) ->
                    f"{SHARDINGS[lay.sharding[i]].value}")
     if lay.sp[i] and not framework.sequence_parallel:
         out.append(f"sp: {framework.name} has no sequence parallelism")
+    if lay.pp[i] > 1 and not framework.pipeline_parallel:
+        out.append(f"pp: {framework.name} has no pipeline parallelism (pp must be 1, got {lay.pp[i]})")
+    if lay.cp[i] > 1 and not framework.context_parallel:
+        out.append(f"cp: {framework.name} has no context parallelism (cp must be 1, got {lay.cp[i]})")
     return out

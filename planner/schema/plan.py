@@ -183,6 +183,9 @@ class Provenance(Spec):
 
 class Plan(Spec):
     schema_version: Literal[2] = SCHEMA_VERSION
+    backend: Literal["torch", "jax"] | None = Field(
+        None, description="The runtime the plan was made for: torch (runtime/) or jax (jaxrt/: pp == 1, cp == 1, "
+                          "bf16 or fp32, pretrain); None: torch (plans before the JAX backend).")
     model: ModelSpec
     machine: MachineModel
     job: TrainingJob
@@ -287,7 +290,20 @@ def plan_problems(plan: Plan) -> list[str]:
         p.append("sharding.ddp_impl ddp needs tp == 1, pp == 1 and fp32 or bf16 (use replicate)")
     if m.sharding.shard_group_size != mesh.dp_shard:
         p.append(f"sharding.shard_group_size ({m.sharding.shard_group_size}) != mesh.dp_shard ({mesh.dp_shard})")
-    p += _pipeline_problems(plan)
+    p += _pipeline_problems(plan) + _backend_problems(plan)
+    return p
+
+
+def _backend_problems(plan: Plan) -> list[str]:
+    """What the JAX backend (jaxrt/) cannot run: pipelines, context parallelism, fp16, dpo."""
+    if plan.backend != "jax":
+        return []
+    p = [f"{name}: backend jax runs {name.split('.')[1]} == 1 only (got {degree})"
+         for name, degree in (("mesh.pp", plan.mesh.pp), ("mesh.cp", plan.mesh.cp)) if degree > 1]
+    if plan.job.precision == Precision.fp16:
+        p.append("job.precision: backend jax trains in bf16 or fp32, not fp16")
+    if plan.job.workload.value != "pretrain":
+        p.append(f"job.workload: backend jax runs pretrain only, not {plan.job.workload.value}")
     return p
 
 
@@ -327,12 +343,31 @@ def _pipeline_problems(plan: Plan) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
+# Fields added after plans were committed, with the value every earlier plan had: left out of
+# the file and of the content hash while they hold it, so that earlier plans keep their hash
+# and a plan made as before is written byte for byte as before.
+_FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "precisions": [p.value for p in Precision]}
+
+
+def _body(plan: Plan, for_hash: bool = False) -> dict:
+    """The plan as JSON without the later fields that hold their earlier value (above; backend
+    None; for the hash also sharding.ddp_impl None, which files have said since 0.14)."""
+    body = plan.model_dump(mode="json")
+    if body.get("backend") is None:
+        body.pop("backend", None)
+    if for_hash and body["sharding"].get("ddp_impl") is None:  # plans made before the field was added keep their hash
+        body["sharding"].pop("ddp_impl", None)
+    framework = body["job"]["framework"]
+    for name, value in _FRAMEWORK_DEFAULTS.items():
+        if framework.get(name) == value:
+            framework.pop(name)
+    return body
+
+
 def content_hash(plan: Plan) -> str:
     """sha256 over the canonical JSON of the plan with an empty content_hash."""
-    body = plan.model_dump(mode="json")
+    body = _body(plan, for_hash=True)
     body["provenance"]["content_hash"] = ""
-    if body["sharding"].get("ddp_impl") is None:  # plans made before the field was added keep their hash
-        body["sharding"].pop("ddp_impl", None)
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -347,7 +382,7 @@ def seal(plan: Plan) -> Plan:
 def dumps_plan(plan: Plan, fmt: str = "yaml") -> str:
     """Serialise a sealed plan; YAML starts with a comment naming the regenerating command."""
     plan = seal(plan)
-    body = plan.model_dump(mode="json")
+    body = _body(plan)
     if fmt == "json":
         return json.dumps(body, indent=2) + "\n"
     header = (

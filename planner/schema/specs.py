@@ -328,6 +328,10 @@ class FrameworkProfile(Spec):
         0.0, ge=0, le=1e15, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
     shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
                                       description="Data-parallel shardings the framework runs.")
+    pipeline_parallel: bool = Field(True, description="Offers pipeline parallelism (pp > 1).")
+    context_parallel: bool = Field(True, description="Offers context parallelism (cp > 1).")
+    precisions: list[Precision] = Field(default_factory=lambda: list(Precision), max_length=len(Precision),
+                                        description="Compute precisions the framework trains in.")
 
     @model_validator(mode="after")
     def _check(self) -> "FrameworkProfile":
@@ -335,7 +339,16 @@ class FrameworkProfile(Spec):
             raise ValueError("ddp_buckets_mb: at least one bucket size")
         if not self.shardings:
             raise ValueError("shardings: at least one sharding")
+        if not self.precisions:
+            raise ValueError("precisions: at least one precision")
         return self
+
+    def offers(self) -> str:
+        """What the profile runs, for messages: 'shardings none, zero1; no pipeline parallelism'."""
+        out = [f"shardings {', '.join(s.value for s in self.shardings)}"]
+        out += [f"no {what} parallelism" for what, has in (("sequence", self.sequence_parallel),
+                ("pipeline", self.pipeline_parallel), ("context", self.context_parallel)) if not has]
+        return "; ".join(out)
 
     @property
     def grad_reduce_bytes(self) -> int:
@@ -388,6 +401,12 @@ class TrainingJob(Spec):
     framework: FrameworkProfile = Field(default_factory=FrameworkProfile,
                                         description="The training software (default: exaplan's own runtime).")
 
+    @model_validator(mode="after")
+    def _check_precision(self) -> "TrainingJob":
+        if self.precision not in self.framework.precisions:
+            raise ValueError(f"precision: {precision_message(self.precision, self.framework)}")
+        return self
+
     @property
     def sequences_per_sample(self) -> int:
         """Sequences the policy runs per sample of the global batch: 2 for a dpo pair."""
@@ -401,6 +420,12 @@ class TrainingJob(Spec):
     def tokens_per_step(self) -> int:
         """Tokens the policy trains on per step (dpo: both sequences of every pair)."""
         return self.global_batch * self.sequences_per_sample * self.seq_len
+
+
+def precision_message(precision: Precision | str, framework: FrameworkProfile) -> str:
+    """Why a job of this precision cannot run with this framework."""
+    return (f"{Precision(precision).value} is not one the framework {framework.name} trains in "
+            f"({', '.join(p.value for p in framework.precisions)})")
 
 
 def bytes_per_element(precision: Precision | str) -> int:

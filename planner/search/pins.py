@@ -20,7 +20,7 @@ import numpy as np
 from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Space
 from planner.schema.errors import PlanError
 from planner.schema.plan import Recompute, Schedule, Sharding
-from planner.schema.specs import ModelSpec, TrainingJob, divisors
+from planner.schema.specs import FrameworkProfile, ModelSpec, TrainingJob, divisors
 from planner.search.space import MAX_VIRTUAL_STAGES, cp_options, tp_options
 
 # Where each pin is compared in a Space: (part, column of that part's layouts or of the rows).
@@ -101,6 +101,19 @@ class Pins:
         problems = self.problems(model, job, world)
         if problems:
             raise PlanError(problems[0][1], field=problems[0][0])
+
+    def check_framework(self, framework: FrameworkProfile) -> None:
+        """Raise one PlanError, naming its field, for a pin that needs pipeline or context
+        parallelism the framework does not offer."""
+        name = framework.name
+        if not framework.pipeline_parallel:
+            for pin, needs in (("pp", (self.pp or 1) > 1), ("vpp", (self.vpp or 1) > 1),
+                               ("schedule", self.schedule is not None)):
+                if needs:
+                    raise PlanError(f"{name} has no pipeline parallelism ({self._pair(pin)} needs it; pp must be 1)",
+                                    field=pin)
+        if not framework.context_parallel and self.cp is not None and self.cp > 1:
+            raise PlanError(f"{name} has no context parallelism (cp must be 1, got {self.cp})", field="cp")
 
     def problems(self, model: ModelSpec, job: TrainingJob, world: int) -> list[tuple[str, str]]:
         """(field, message) for every conflict `check` refuses, most basic first."""

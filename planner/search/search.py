@@ -62,6 +62,7 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
     world = nodes * machine.devices_per_node
     pins = pins or Pins()
     pins.check(model, job, world)
+    pins.check_framework(job.framework)
     start = time.perf_counter()
     space = enumerate_space(model, job, world)
     if len(space) == 0:
@@ -73,10 +74,10 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
             field="global_batch",
         )
     allowed = space.allowed_by(job.framework)
-    if not allowed.all():  # the shardings and sequence parallelism the framework runs
+    if not allowed.all():  # the shardings and the sequence, pipeline and context parallelism the framework runs
         if not allowed.any():
             raise PlanError(f"{job.framework.name} runs none of the {len(space):,} legal layouts (it runs "
-                            f"{', '.join(s.value for s in job.framework.shardings)})", field="framework")
+                            f"{job.framework.offers()})", field="framework")
         space = space.subset(allowed)
     if pins:
         pinned = pins.restrict(space)
