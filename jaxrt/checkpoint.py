@@ -55,5 +55,5 @@ def load_torch_weights(path: str | Path, params_like):
         raise PlanError(f"reading a torch checkpoint needs torch ({e})", field="--init") from None
     from jaxrt.model import from_torch_state
 
-    state = torch_ckpt.full_model_state(resolve_checkpoint(str(path)))
+    state = torch_ckpt.full_model_state(resolve_checkpoint(str(path)))  # full fp32 tensors by torch name
     return from_torch_state(state, params_like)

@@ -156,7 +156,7 @@ class Trainer:
             params = state["params"]
             loss, grads = self._grads(params, batches)
             grads = jax.lax.with_sharding_constraint(grads, self._grad_layout())
-            grad_norm = optax.global_norm(grads)
+            grad_norm = optax.tree.norm(grads)
             updates, opt_state = self.tx.update(grads, state["opt_state"], params)
             updates = jax.lax.with_sharding_constraint(updates, self.shardings.optimizer_params)
             params = optax.apply_updates(params, updates)

@@ -70,6 +70,8 @@ class Run:
             self.batches.loader.load_state_dict(meta["loader"])
 
     def save(self, step: int) -> None:
+        if self.mgr.latest_step() == step:  # saved already (--ckpt-every at the last step, a resume at the end)
+            return
         meta = {"step": step, "loader": self.batches.loader.state_dict(), "backend": "jax",
                 "plan_hash": self.plan.provenance.content_hash, "mesh": self.plan.mesh.model_dump()}
         ckpt.save(self.mgr, step, self.state, meta)
@@ -146,7 +148,7 @@ def train(args, plan: Plan, prepared: Path | None, stop=None) -> int:
 
 def _fault_injection(step: int) -> None:
     """Test hook, as the torch runtime's: EXAPLAN_FAULT_KILL=PROCESS:STEP makes that process
-    SIGKILL itself after that step, as a crashed node would (tests/jaxrt/test_run.py)."""
+    SIGKILL itself after that step, as a crashed node would (tests/jaxrt/test_jax_run.py)."""
     import os
     import signal
 

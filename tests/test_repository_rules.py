@@ -9,6 +9,10 @@
   imports launch/;
 - report/ imports from exaplan only planner/ (planner.whatif included) and machine_models/ (no
   torch); only cli/ imports report/;
+- jaxrt/ (the JAX backend) imports no torch; from the planner only the schema; from the
+  runtime only its torch-free modules (the loader and data preparation, metrics, launcher
+  detection, walltime, run lock, options and preflight checks; runtime.checkpoint and
+  runtime.dpo only lazily, to read a torch checkpoint's weights); only cli/ imports jaxrt/;
 - benchmarks/ (the hand-written torch loops `make bench-runtime` compares against) imports from
   exaplan only the model (runtime.model) and the model presets (planner.presets); nothing
   imports benchmarks/;
@@ -27,7 +31,7 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli", "launch", "report", "benchmarks")
+PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli", "launch", "report", "benchmarks", "jaxrt")
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTION_NOTE = "Why one function:"
@@ -172,6 +176,24 @@ def test_report_imports_only_the_planner_and_machine_models():
 
     assert _violations(rule) == []
     assert _violations(lambda m, n: _top(n) == "report" and _top(m) not in ("report", "cli")) == []
+
+
+JAXRT_MAY_IMPORT = ("runtime.loader", "runtime.dataprep", "runtime.metrics", "runtime.launch", "runtime.walltime",
+                    "runtime.runlock", "runtime.options", "runtime.preflight", "runtime.checkpoint", "runtime.dpo")
+
+
+def test_jaxrt_imports_no_torch_and_only_the_torch_free_runtime():
+    def rule(m, n):
+        if _top(m) != "jaxrt":
+            return False
+        if _top(n) in ("torch", "calibration", "cli", "launch", "report", "benchmarks"):
+            return True
+        if _top(n) == "planner":
+            return not (n == "planner.schema" or n.startswith("planner.schema."))
+        return _top(n) == "runtime" and not any(n == a or n.startswith(a + ".") for a in JAXRT_MAY_IMPORT)
+
+    assert _violations(rule) == []
+    assert _violations(lambda m, n: _top(n) == "jaxrt" and _top(m) not in ("jaxrt", "cli")) == []
 
 
 def test_benchmarks_import_only_the_model_and_its_presets():

@@ -58,7 +58,7 @@ from runtime.checkpoint.paths import (COMPLETE, META, OPTIM_DIR, RNG_DIR, TMP_SU
 
 # io.py and state.py import torch: loaded when first used, so that `exaplan run` can look for
 # checkpoints (paths.py) before it starts the ranks without importing torch itself.
-_LAZY = {name: "runtime.checkpoint.io" for name in ("FORMAT_VERSION", "load", "save")} | {
+_LAZY = {name: "runtime.checkpoint.io" for name in ("FORMAT_VERSION", "full_model_state", "load", "save")} | {
     name: "runtime.checkpoint.state" for name in (
         "DCP_KINDS", "OPT_HOOKS", "OPT_MIXED", "OPT_NONE", "OPT_PER_RANK", "OPT_TORCH", "OPT_ZERO", "load_model_state",
         "load_optimizer_state_from_checkpoint", "model_state_for_checkpoint", "optimizer_kind",

@@ -362,3 +362,21 @@ def _fault_in_save(rank: int, step: int) -> None:
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The whole model's weights in checkpoint `path`, in this process alone (no process
+    group): canonical name -> full fp32 CPU tensor, read by DCP from its metadata's shapes,
+    whatever layout wrote them. For a reader outside the torch runtime (the JAX backend's
+    --init, jaxrt/checkpoint.py)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = FileSystemReader(str(path))
+    entries = reader.read_metadata().state_dict_metadata
+    state = {key: torch.empty(tuple(md.size), dtype=md.properties.dtype) for key, md in entries.items()
+             if key.startswith("model.") and isinstance(md, TensorStorageMetadata)}
+    if not state:
+        raise PlanError(f"{path}: no model weights in this checkpoint", field="--init")
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return {key[len("model."):]: value.float() for key, value in state.items()}
