@@ -30,9 +30,7 @@ machine's efficiency figures refitted by least squares on the log step-time erro
 error on layouts left out of the fit, before and after) can use them later:
 `exaplan calibrate --from-runs OUT/runs/*`.
 
-Default job (stated in the report): global batch 2 sequences per rank (4 on 2 ranks), sequence
-length 64, fp32 (the CPU's fast precision): protein-small takes about 0.5-0.8 s a step on 2 cores.
-"""
+Default job (in the report): 2 sequences per rank, sequence 64, fp32 (--backend jax: jaxrt's layouts)."""
 
 from __future__ import annotations
 
@@ -150,11 +148,13 @@ def resolve_machine(machine, ranks: int):
 
 
 def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path: Path, nodes: int = 1,
-                      machine_label: str | None = None):
+                      machine_label: str | None = None, backend: str = "torch"):
     """Write the plan of one layout, as `exaplan estimate --model MODEL --machine LABEL
     --nodes NODES ARGS -o PATH` would (the same functions; the machine may be a MachineModel,
-    named in the plan's command by `machine_label` (default: its preset name, or "local"), and
-    layout.ddp_bucket_mb forces the DDP bucket). Returns the plan."""
+    named in the plan's command by `machine_label` (default: its preset name, or "local"),
+    layout.ddp_bucket_mb forces the DDP bucket; backend jax: the jax framework profile and
+    `backend: jax` in the plan). Returns the plan."""
+    from machine_models.frameworks import load_framework
     from planner.cost.step import evaluate
     from planner.emit import build_plan
     from planner.inputs import load_model, make_job
@@ -165,7 +165,8 @@ def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path
     name = machine_label or (machine if isinstance(machine, str) else "local")
     spec = load_model(model)
     world = mach.devices_per_node * nodes
-    job = make_job(spec, mach, world, layout.global_batch, layout.seq_len, "fp32", None)
+    framework = load_framework("jax") if backend == "jax" else None
+    job = make_job(spec, mach, world, layout.global_batch, layout.seq_len, "fp32", None, framework=framework)
     lay = layout.layouts()
     problems = layout_problems(spec, job, world, lay)
     if problems:
@@ -173,7 +174,10 @@ def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path
     buckets = (float(layout.ddp_bucket_mb),) if layout.ddp_bucket_mb else None
     ev = evaluate(spec, mach, job, lay, ddp_buckets_mb=buckets)
     argv = ["estimate", "--model", model, "--machine", name, "--nodes", str(nodes), *layout.estimate_args()]
-    plan = build_plan(spec, mach, job, nodes, lay, ev, 0, command=shlex.join(["exaplan", *argv, "-o", str(path)]))
+    if backend == "jax":
+        argv += ["--framework", "jax"]
+    plan = build_plan(spec, mach, job, nodes, lay, ev, 0, command=shlex.join(["exaplan", *argv, "-o", str(path)]),
+                      backend=None if backend == "torch" else backend)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_plan(plan, path)
     return plan
@@ -330,10 +334,10 @@ def measure_baseline_rss_gib(timeout_s: float = 120.0, env: dict[str, str] | Non
 
 
 def run_one(plan_path: Path, run_dir: Path, steps: int, data_dir: Path | None, timeout_s: float = 900.0,
-            extra_env: dict[str, str] | None = None) -> tuple[int, str]:
-    """`exaplan run PLAN --steps N --out DIR` as a subprocess (returns code, output tail)."""
+            extra_env: dict[str, str] | None = None, backend: str = "torch") -> tuple[int, str]:
+    """`exaplan run PLAN --steps N --out DIR --backend B` as a subprocess (returns code, output tail)."""
     cmd = [sys.executable, "-m", "cli", "run", str(plan_path), "--steps", str(steps), "--out", str(run_dir),
-           "--val-every", "0", "--val-batches", "1", "--log-every", "1000"]
+           "--val-every", "0", "--val-batches", "1", "--log-every", "1000", "--backend", backend]
     if data_dir is not None:
         cmd += ["--data", str(data_dir)]
     env = {**os.environ, **(extra_env or {})}
@@ -377,6 +381,7 @@ class _Runs:
     steps: int
     data_dir: Path
     keep_checkpoints: bool = False
+    backend: str = "torch"
     plans: dict[str, Any] = field(default_factory=dict)
     failed: dict[str, dict] = field(default_factory=dict)
     times: dict[str, list[float]] = field(default_factory=dict)
@@ -398,7 +403,8 @@ class _Runs:
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         try:
-            self.plans[lay.name] = write_layout_plan(model, mach, ranks, lay, run_dir / "plan.yaml")
+            self.plans[lay.name] = write_layout_plan(model, mach, ranks, lay, run_dir / "plan.yaml",
+                                                     backend=self.backend)
         except PlanError as e:
             self.fail(lay, f"not planned: {e}")
             return
@@ -410,7 +416,7 @@ class _Runs:
         run_dir = self.dir(lay)
         target = run_dir if repeat == 0 else run_dir / f"repeat-{repeat}"
         t0 = time.perf_counter()
-        code, tail = run_one(run_dir / "plan.yaml", target, self.steps, self.data_dir)
+        code, tail = run_one(run_dir / "plan.yaml", target, self.steps, self.data_dir, backend=self.backend)
         self.walls[lay.name] = self.walls.get(lay.name, 0.0) + time.perf_counter() - t0
         if not self.keep_checkpoints:
             shutil.rmtree(target / "checkpoints", ignore_errors=True)
@@ -423,7 +429,8 @@ class _Runs:
     def measure_memory(self, lay: LocalLayout) -> None:
         """A short run with MEMORY_RUN_ENV: its RSS high-water mark follows the live tensors."""
         target = self.dir(lay) / "memory"
-        code, _ = run_one(self.dir(lay) / "plan.yaml", target, MEMORY_RUN_STEPS, self.data_dir, extra_env=MEMORY_RUN_ENV)
+        code, _ = run_one(self.dir(lay) / "plan.yaml", target, MEMORY_RUN_STEPS, self.data_dir, extra_env=MEMORY_RUN_ENV,
+                          backend=self.backend)
         shutil.rmtree(target / "checkpoints", ignore_errors=True)
         ok = code == 0 and (target / "summary.json").exists()
         self.memory[lay.name] = json.loads((target / "summary.json").read_text()).get("peak_memory_gib") if ok else None
@@ -443,13 +450,13 @@ class _Runs:
 
 def run_local_validation(model: str, ranks: int, out: Path, steps: int = 8, machine="local", layouts=None,
                          progress: bool = True, keep_checkpoints: bool = False, console=None, repeats: int = 1,
-                         memory_runs: bool = True) -> ValidationReport:
+                         memory_runs: bool = True, backend: str = "torch") -> ValidationReport:
     """Plan, run and compare every layout (see the module docstring); writes OUT/validation.*
 
     `repeats`: timing runs per layout, in rounds (every layout once, then again), so that a
     slow spell of a shared machine falls on all layouts alike; the median is kept.
     `memory_runs`: measure memory in a separate short run (MEMORY_RUN_ENV), else take the
-    timing run's RSS high-water mark."""
+    timing run's RSS high-water mark. `backend` jax: the layouts jaxrt runs, with its profile."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -463,7 +470,9 @@ def run_local_validation(model: str, ranks: int, out: Path, steps: int = 8, mach
     out.mkdir(parents=True, exist_ok=True)
     mach = resolve_machine(machine, ranks)
     layouts = list(layouts if layouts is not None else default_layouts(ranks))
-    runs = _Runs(out, steps, ensure_prepared(None, out / "data", rank=0, progress=False), keep_checkpoints)
+    if backend == "jax":
+        layouts = [lay for lay in layouts if lay.pp == 1 and lay.name != "ddp-b400"]
+    runs = _Runs(out, steps, ensure_prepared(None, out / "data", rank=0, progress=False), keep_checkpoints, backend)
     baseline = measure_baseline_rss_gib(env=MEMORY_RUN_ENV if memory_runs else None)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=console or Console(highlight=False), transient=True, disable=not progress)

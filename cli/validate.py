@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
                    help="with --local: take memory from the timing runs' RSS instead of a separate short run with a "
                         "fixed malloc mmap threshold (whose RSS follows the live tensors)")
     v.add_argument("--out", default="runs/validate-local", help="with --local: output folder")
+    v.add_argument("--backend", choices=["torch", "jax"], default="torch",
+                   help="with --local: the runtime to run the layouts with (jax: those it runs, planned with the jax "
+                        "framework profile)")
     v.add_argument("--refit", action="store_true",
                    help="with --published: refit the per-device-kind and per-framework figures and save them in "
                         "machine_models/device_kinds.yaml")
@@ -71,7 +74,8 @@ def _local(args) -> int:
     from calibration.validate_local_report import render
 
     rep = run_local_validation(args.model, args.ranks, Path(args.out), steps=args.steps, machine=args.machine,
-                               progress=not args.json, repeats=args.repeats, memory_runs=not args.no_memory_runs)
+                               progress=not args.json, repeats=args.repeats, memory_runs=not args.no_memory_runs,
+                               backend=args.backend)
     if args.json:
         print_json(rep.to_json())
     else:

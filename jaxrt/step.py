@@ -146,8 +146,9 @@ class Trainer:
         return total / self.gas, jax.tree.map(lambda g: g / self.gas, acc)
 
     def _grad_layout(self):
-        """zero2 and the fully sharded kinds keep gradients sharded (reduce-scattered); none
-        and zero1 keep them whole (all-reduced)."""
+        """Between micro-batches: zero2 and the fully sharded kinds keep the gradient sums
+        sharded (reduce-scattered each micro-batch); none and zero1 keep them whole. (The
+        step's final gradient is laid out as AdamW's moments: `_train_step`.)"""
         sharded = self.plan.sharding.kind in (Sharding.zero2, *shd.SHARDED_PARAMS)
         return self.shardings.optimizer_params if sharded else self.shardings.params
 
@@ -155,7 +156,9 @@ class Trainer:
         with shd.activate(self.mesh, self.rules):
             params = state["params"]
             loss, grads = self._grads(params, batches)
-            grads = jax.lax.with_sharding_constraint(grads, self._grad_layout())
+            # As AdamW's moments: zero1/zero2/fsdp reduce-scatter (zero1 without accumulation
+            # too: then no rank needs the whole gradient), none all-reduces.
+            grads = jax.lax.with_sharding_constraint(grads, self.shardings.optimizer_params)
             grad_norm = optax.tree.norm(grads)
             updates, opt_state = self.tx.update(grads, state["opt_state"], params)
             updates = jax.lax.with_sharding_constraint(updates, self.shardings.optimizer_params)

@@ -9,6 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from planner.schema.errors import PlanError, format_validation_error
+from planner.schema.figures import FIGURES
 from planner.schema.specs import FrameworkProfile
 
 FRAMEWORKS_FILE = Path(__file__).resolve().parent / "frameworks.yaml"
@@ -40,6 +41,11 @@ def load_framework(name: str | None = None, path: Path = FRAMEWORKS_FILE) -> Fra
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise PlanError(f"unknown framework {name!r}{hint}; known: {', '.join(profiles)}", field="framework")
     try:
-        return FrameworkProfile.model_validate({"name": name, **profiles[name]})
+        profile = FrameworkProfile.model_validate({"name": name, **profiles[name]})
     except ValidationError as e:
         raise PlanError(format_validation_error(e, prefix=name), field=str(path)) from None
+    unknown = sorted(set(profile.cpu_figures) - set(FIGURES))
+    if unknown:
+        raise PlanError(f"{name}.cpu_figures: unknown figure(s) {', '.join(unknown)}; known: {', '.join(FIGURES)}",
+                        field=str(path))
+    return profile

@@ -32,6 +32,7 @@ from planner.cost.layout import RC_FULL, Layouts, Space
 from planner.cost.memory import MemoryParts, activation_bytes, microbatches_in_flight, reserve_bytes
 from planner.cost.pipeline import chunk_bottleneck
 from planner.cost.topology import LinkTiers, link_tiers
+from planner.schema.figures import framework_machine
 from planner.schema.specs import Algorithm, CollectiveLibrary, MachineModel, ModelSpec, TrainingJob, bytes_per_element
 
 __all__ = ["DDP_BUCKETS_MB", "Evaluation", "MeshCosts", "Scores", "evaluate", "evaluate_space", "mesh_costs",
@@ -344,9 +345,9 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
                    detail: bool = True, ddp_buckets_mb: tuple[float, ...] | None = None):
     """Predict every row of a layout space (see the module docstring for `fast`). With
     detail=False only the Scores the search needs are computed (much less work per row).
-    The machine is taken as the job's framework uses it (FrameworkProfile.applied_to); the
+    The machine is taken as the job's framework uses it (figures.framework_machine); the
     DDP bucket sizes default to the framework's."""
-    machine = job.framework.applied_to(machine)
+    machine = framework_machine(machine, job.framework)
     ddp_buckets_mb = tuple(map(float, ddp_buckets_mb or job.framework.ddp_buckets_mb))
     tiers = link_tiers(machine)
     algos = offered_algorithms(machine)

@@ -123,3 +123,17 @@ def narrowed(bounds: dict[str, tuple[float, float]]) -> dict[str, tuple[float, f
         if not plo <= lo < hi <= phi:
             raise ValueError(f"{name}: fit bounds ({lo}, {hi}) outside the physical ({plo}, {phi})")
     return dict(bounds)
+
+
+def is_cpu(machine: MachineModel) -> bool:
+    """A CPU workstation's machine model (machine_models/loader.py names its device "CPU ...")."""
+    return machine.device_name.startswith("CPU")
+
+
+def framework_machine(machine: MachineModel, framework) -> MachineModel:
+    """The machine as `framework` (a FrameworkProfile) uses it: FrameworkProfile.applied_to,
+    and on a CPU workstation the framework's fitted CPU figures in place of the machine's."""
+    machine = framework.applied_to(machine)
+    if framework.cpu_figures and is_cpu(machine):
+        machine = with_figures(machine, framework.cpu_figures)
+    return machine

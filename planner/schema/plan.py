@@ -346,7 +346,8 @@ def _pipeline_problems(plan: Plan) -> list[str]:
 # Fields added after plans were committed, with the value every earlier plan had: left out of
 # the file and of the content hash while they hold it, so that earlier plans keep their hash
 # and a plan made as before is written byte for byte as before.
-_FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "precisions": [p.value for p in Precision]}
+_FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "precisions": [p.value for p in Precision],
+                       "cpu_figures": {}}
 
 
 def _body(plan: Plan, for_hash: bool = False) -> dict:

@@ -328,6 +328,11 @@ class FrameworkProfile(Spec):
         0.0, ge=0, le=1e15, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
     shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
                                       description="Data-parallel shardings the framework runs.")
+    cpu_figures: dict[str, float] = Field(
+        default_factory=dict, description="Figures (planner/schema/figures.py names) this framework reaches on a CPU "
+                                          "workstation, fitted from its local runs (`exaplan validate --local --backend "
+                                          "jax --refit`); they replace a CPU machine's own (figures.framework_machine). "
+                                          "Empty: the machine's.")
     pipeline_parallel: bool = Field(True, description="Offers pipeline parallelism (pp > 1).")
     context_parallel: bool = Field(True, description="Offers context parallelism (cp > 1).")
     precisions: list[Precision] = Field(default_factory=lambda: list(Precision), max_length=len(Precision),

@@ -19,7 +19,7 @@ import numpy as np
 
 from planner.cost.layout import Layouts, Space
 from planner.cost.step import evaluate_space
-from planner.schema.figures import BOUNDS, figures_of, with_figures
+from planner.schema.figures import BOUNDS, figures_of, framework_machine, with_figures
 from planner.schema.specs import MachineModel, ModelSpec, TrainingJob
 
 DRAWN_FIGURES = ("peak_fraction", "half_dim", "attention_efficiency_factor", "overlap_dp", "step_overhead_s")
@@ -45,9 +45,10 @@ def ranking_robustness(model: ModelSpec, machine: MachineModel, job: TrainingJob
     draw that changes nothing ranks them as the search did."""
     rng = np.random.default_rng(seed)
     # The framework's own figures are drawn too: apply them, then let the machine carry them.
-    machine = job.framework.applied_to(machine)
+    machine = framework_machine(machine, job.framework)
     job = job.model_copy(update={"framework": job.framework.model_copy(update={"overlap_dp": None,
-                                                                                "step_overhead_s": None})})
+                                                                                "step_overhead_s": None,
+                                                                                "cpu_figures": {}})})
     space = Space.of(finalists)
     offset = np.asarray(step_time_s, float) - evaluate_space(model, machine, job, space, detail=False).step_time_s
     base = figures_of(machine, DRAWN_FIGURES)
