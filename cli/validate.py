@@ -35,7 +35,9 @@ def add_parser(sub) -> None:
                         "framework profile)")
     v.add_argument("--refit", action="store_true",
                    help="with --published: refit the per-device-kind and per-framework figures and save them in "
-                        "machine_models/device_kinds.yaml")
+                        "machine_models/device_kinds.yaml; with --local --backend jax: fit the jax profile's CPU "
+                        "figures to these runs (leave-one-layout-out errors shown) and save them in "
+                        "machine_models/frameworks.yaml")
     v.add_argument("--search-unstated", action="store_true",
                    help="with --published: for rows whose source leaves layout fields unstated (micro-batch, "
                         "recompute, sequence parallelism, virtual stages), search those fields with the rest pinned "
@@ -72,7 +74,11 @@ def _published(args) -> int:
 def _local(args) -> int:
     from calibration.validate_local import run_local_validation
     from calibration.validate_local_report import render
+    from planner.schema.errors import PlanError
 
+    if args.refit and args.backend != "jax":
+        raise PlanError("with --local, --refit fits the jax profile (--backend jax); the torch runtime's figures are the "
+                        "machine's: `exaplan calibrate --from-runs OUT/runs/*`", field="--refit")
     rep = run_local_validation(args.model, args.ranks, Path(args.out), steps=args.steps, machine=args.machine,
                                progress=not args.json, repeats=args.repeats, memory_runs=not args.no_memory_runs,
                                backend=args.backend)
@@ -80,4 +86,32 @@ def _local(args) -> int:
         print_json(rep.to_json())
     else:
         render(rep)
+    if args.refit:
+        _refit_profile(args)
     return 0
+
+
+def _refit_profile(args) -> None:
+    """Fit the jax profile's CPU figures to the runs just made; print and save them."""
+    import shlex
+    import sys
+
+    from rich.table import Table
+
+    from calibration.fit_framework import fit_cpu_figures, save_cpu_figures
+
+    runs = sorted(p.parent for p in Path(args.out, "runs").glob("**/summary.json"))
+    result = fit_cpu_figures(runs)
+    table = Table(title=f"jax profile: CPU figures fitted to {len(runs)} runs")
+    for col in ("figure", "machine (torch)", "jax fit"):
+        table.add_column(col, justify="right" if col != "figure" else "left")
+    for name, value in result["figures"].items():
+        table.add_row(name, f"{result['machine_figures'][name]:.4g}", f"{value:.4g}")
+    out = console()
+    out.print(table)
+    for key, label in (("before", "with the machine's figures"), ("fit", "fitted to all"),
+                       ("loo", "leave-one-layout-out")):
+        s = result[f"{key}_stats"]
+        out.print(f"step-time error {label:28s} median {s['median_abs']:6.1%}  max {s['max_abs']:6.1%}")
+    save_cpu_figures("jax", result, shlex.join(["exaplan", *sys.argv[1:]]))
+    out.print("saved in machine_models/frameworks.yaml (jax.cpu_figures)")
