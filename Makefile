@@ -46,12 +46,20 @@ bench: venv
 	subprocess.run(['$(BIN)/exaplan', *'$(WHATIF_BENCH) --report runs/bench-whatif/r.html'.split()], check=True, \
 	stdout=subprocess.DEVNULL); print(f'exaplan $(WHATIF_BENCH) --report r.html: {time.perf_counter() - t:.1f} s (target 10 s)')"
 	$(MAKE) bench-runtime
+	$(MAKE) bench-jax
 
 # `exaplan run` against hand-written torch loops of the same layouts (ddp, fsdp, zero1, tp_sp,
 # pp_1f1b; benchmarks/): 3 interleaved rounds x 30 steps each, about 13 minutes on 2 cores; run
 # it on an otherwise idle machine. Results: runs/bench-runtime/results.{md,json}.
 bench-runtime: venv
 	$(BIN)/python -m benchmarks.runtime_vs_torch --out runs/bench-runtime
+
+# `exaplan run --backend jax` beside `--backend torch` on the demo's job (benchmarks/jax_vs_torch.py):
+# the demo's plan (torch; JAX runs the same command's --backend jax plan, as it runs no pipeline) in
+# 3 interleaved rounds x 30 steps, then one round each of that JAX plan, fsdp and tp2 on both. About
+# 6 minutes on 2 cores; run it on an otherwise idle machine. Results: runs/bench-jax/results.{md,json}.
+bench-jax: venv
+	$(BIN)/python -m benchmarks.jax_vs_torch --out runs/bench-jax
 
 # Issue-4 targets on this machine (median |step error| <= 10%, Spearman >= 0.9, first choice
 # within 5% of the fastest, memory error <= 15%): 12 layouts through `exaplan run`, 2 rounds.
