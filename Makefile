@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU build of torch that lies on this kind of machine; never an unpinned torch.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test test-all bench bench-runtime bench-local plans clean
+.PHONY: venv demo test test-all bench bench-runtime bench-jax bench-local plans clean
 
 venv: $(STAMP)
 

@@ -27,10 +27,11 @@ from machine_models.frameworks import FRAMEWORKS_FILE
 from planner.schema.errors import PlanError
 from planner.schema.figures import figures_of, with_figures
 
-# What differs between runtimes on one CPU (module doc): matmul and elementwise efficiency,
-# per-operator and per-step cost, the collectives.
-CPU_FIGURES = ("peak_fraction", "elementwise_efficiency", "op_overhead_us", "step_overhead_s",
-               "allreduce_efficiency", "rs_ag_efficiency")
+# What differs between runtimes on one CPU (module doc): matmul efficiency, the attention
+# core (fused by XLA), per-operator cost, copies around the data-parallel collectives (FSDP2's
+# copy-in/out), the reduce-scatter / all-gather, the optimizer's memory traffic.
+CPU_FIGURES = ("peak_fraction", "attention_efficiency_factor", "op_overhead_us", "dp_buffer_copies",
+               "rs_ag_efficiency", "optimizer_bytes_per_param")
 # Not fitted but known: XLA has no DTensor dispatch (tensor parallelism is compiled in).
 FIXED = {"dtensor_op_overhead_us": 0.0}
 

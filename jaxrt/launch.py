@@ -33,6 +33,12 @@ def configure(plan: Plan, processes: int) -> int:
     os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={local}"])
     for key, value in plan.collectives.env.items():
         os.environ.setdefault(key, value)  # NCCL_* etc.: XLA's GPU collectives read them too
+    # XLA's persistent compilation cache: a requeued, resumed or repeated run of the same
+    # plan loads the compiled step instead of compiling it again (EXAPLAN_JAX_CACHE=off: none).
+    cache = os.environ.get("EXAPLAN_JAX_CACHE", str(Path.home() / ".cache" / "exaplan" / "jax"))
+    if cache != "off":
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", cache)
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     return local
 
 

@@ -108,7 +108,7 @@ def tree_shardings(logical_specs, shapes, mesh: Mesh, rules: Rules):
 
 # ---------------------------------------------------------------------- activation constraints
 
-_ACTIVE: list[tuple[Mesh, Rules]] = []
+_ACTIVE: list[tuple[Mesh, Rules] | None] = []
 
 
 @contextlib.contextmanager
@@ -121,10 +121,20 @@ def activate(mesh: Mesh, rules: Rules) -> Iterator[None]:
         _ACTIVE.pop()
 
 
+@contextlib.contextmanager
+def activate_none() -> Iterator[None]:
+    """While tracing under this context, `constrain` does nothing (inside shard_map)."""
+    _ACTIVE.append(None)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
 def constrain(x, names: tuple[str | None, ...]):
     """x with its layout pinned to the logical `names` (a no-op outside `activate`: one
     device, or FLOP counting)."""
-    if not _ACTIVE:
+    if not _ACTIVE or _ACTIVE[-1] is None:
         return x
     mesh, rules = _ACTIVE[-1]
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec_for(names, x.shape, mesh, rules)))

@@ -133,6 +133,8 @@ class Trainer:
         grad_fn = jax.value_and_grad(self._loss)
         if self.gas == 1:
             return grad_fn(params, batches[0])
+        if self.plan.mesh.tp == 1 and self.plan.sharding.kind in (Sharding.none, Sharding.zero1):
+            return self._grads_reduced_once(params, batches)
         grad_layout = self._grad_layout()
 
         def body(carry, batch):
@@ -144,6 +146,31 @@ class Trainer:
         zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params), grad_layout)
         (total, acc), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), batches)
         return total / self.gas, jax.tree.map(lambda g: g / self.gas, acc)
+
+    def _grads_reduced_once(self, params, batches):
+        """Replicated parameters with accumulation (none, zero1; no tp): each device sums its
+        own micro-batches' gradients and the sum is averaged over the data-parallel devices
+        once, after the last (as DDP's no_sync does). A scan under the SPMD partitioner would
+        all-reduce after every micro-batch: its carry cannot stay unreduced."""
+        from jax.sharding import PartitionSpec as P
+
+        gas = self.gas
+
+        def local(params, batches):  # this device's micro-batches: (accumulation, micro-batch, seq + 1)
+            grad_fn = jax.value_and_grad(lambda p, b: blockwise_loss(self.model.apply({"params": p}, b[:, :-1]),
+                                                                     b[:, 1:], 1))
+
+            def body(carry, batch):
+                loss, grads = grad_fn(params, batch)
+                return (carry[0] + loss, jax.tree.map(lambda a, g: a + g.astype(jnp.float32), carry[1], grads)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            (total, acc), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), batches)
+            return jax.lax.pmean(total / gas, shd.DATA), jax.lax.pmean(jax.tree.map(lambda g: g / gas, acc), shd.DATA)
+
+        with shd.activate_none():  # the data axes are manual inside: no constraints on them
+            return jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(None, shd.DATA, None)), out_specs=(P(), P()),
+                                 check_vma=False)(params, batches)
 
     def _grad_layout(self):
         """Between micro-batches: zero2 and the fully sharded kinds keep the gradient sums

@@ -31,19 +31,20 @@ def train_records(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory) -> Path:
-    """protein-tiny on this machine's 2 ranks, FSDP, at sequence 64."""
+    """protein-tiny on this machine's 2 ranks, FSDP, at sequence 64, planned for the JAX backend."""
     path = tmp_path_factory.mktemp("plan") / "plan.yaml"
     r = exaplan("plan", "--model", "protein-tiny", "--machine", "local", "--global-batch", "4", "--seq-len", "64",
-                "--shard", "fsdp", "-o", str(path))
+                "--shard", "fsdp", "--backend", "jax", "-o", str(path))
     assert r.returncode == 0, r.stderr
+    assert "backend: jax" in path.read_text()
     return path
 
 
 @pytest.fixture(scope="module")
 def reference(plan_file, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "run"
-    r = exaplan("run", str(plan_file), "--backend", "jax", "--steps", str(STEPS), "--out", str(out),
-                "--val-every", "3", "--log-every", "1")
+    # No --backend: the plan names it.
+    r = exaplan("run", str(plan_file), "--steps", str(STEPS), "--out", str(out), "--val-every", "3", "--log-every", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     return out
 
