@@ -91,7 +91,7 @@ def save_cpu_figures(framework: str, result: dict[str, Any], command: str, path:
     if line is None:
         raise PlanError(f"{path}: profile {framework!r} has no `cpu_figures:` line to rewrite", field="framework")
     loo = result["loo_stats"]
-    figures = ", ".join(f"{k}: {v:.4g}" for k, v in result["figures"].items())
+    figures = ", ".join(f"{k}: {0.0 if abs(v) < 1e-9 else v:.4g}" for k, v in result["figures"].items())  # fits at a bound
     new = (f"  # cpu fit: `{command}`, {_dt.date.today().isoformat()}; {len(result['loo'])} runs, leave-one-layout-out "
            f"median {loo['median_abs']:.1%}, max {loo['max_abs']:.1%}\n  cpu_figures: {{{figures}}}\n")
     body = body[:line.start()] + new + body[line.end():]
