@@ -115,6 +115,7 @@ def test_an_unknown_backend_is_refused(plan_file, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow  # two processes (multi-rank), about 20 s
 def test_two_processes_through_the_launcher_environment(plan_file, tmp_path):
     """torchrun-style variables, as `exaplan launch` scripts and srun wrappers set them: two
     processes of one device each join one JAX job and train."""
@@ -136,11 +137,12 @@ def test_two_processes_through_the_launcher_environment(plan_file, tmp_path):
     assert json.loads((out / "summary.json").read_text())["backend"] == "jax"
 
 
+@pytest.mark.slow  # three runs, two of them torchrun with 2 ranks, about 30 s
 def test_the_torch_runtimes_weights_give_the_torch_runtimes_losses(plan_file, tmp_path):
     """A user moving between backends: both backends start from one torch checkpoint's
     weights (--init) and train on the same samples: the same losses step by step."""
     torch_run = tmp_path / "torch"
-    r = exaplan("run", str(plan_file), "--steps", "1", "--out", str(torch_run), "--val-every", "0")
+    r = exaplan("run", str(plan_file), "--backend", "torch", "--steps", "1", "--out", str(torch_run), "--val-every", "0")
     assert r.returncode == 0, r.stderr
     runs = {}
     for backend in ("torch", "jax"):
