@@ -17,6 +17,17 @@ import numpy as np
 from runtime.loader import Loader, StepCounter, synthetic_batch
 
 
+class SyntheticCounter(StepCounter):
+    """io_mode 'synthetic' without torch: counts samples as runtime.loader.SyntheticLoader
+    does (its batches come from `synthetic_batch`, the same function)."""
+
+    def __init__(self, seq_len: int, micro_batch: int, dp_size: int, seed: int, *, grad_accumulation: int = 1):
+        self._init_layout(seq_len, micro_batch, 0, dp_size, grad_accumulation, seed)
+
+    def _stream_key(self) -> dict:
+        return {"seed": self.seed, "mode": "synthetic", "seq_len": self.seq_len, "dataset": None}
+
+
 class GlobalBatches:
     """Step after step of `loader`'s samples as sharded arrays (`next()`), or with
     `synthetic`, every data-parallel rank's fixed synthetic batch (runtime.loader)."""

@@ -18,11 +18,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxrt import checkpoint as ckpt
-from jaxrt.data import GlobalBatches
+from jaxrt.data import GlobalBatches, SyntheticCounter
 from jaxrt.sharding import build_mesh
 from jaxrt.step import Trainer
 from planner.schema.plan import Plan
-from runtime.loader import Loader, TokenDataset, build_loader
+from runtime.loader import Loader, TokenDataset
 from runtime.metrics import MetricsWriter, truncate_after
 
 VAL_SEED = 1234  # the torch runtime's validation stream
@@ -51,8 +51,11 @@ class Run:
         self.mesh = build_mesh(plan)
         self.trainer = Trainer(plan, self.mesh, lr=args.lr, warmup=args.warmup, steps=args.steps)
         mbs, gas, seq, dp = plan.micro_batch_size, plan.grad_accumulation_steps, plan.job.seq_len, plan.mesh.dp
-        loader = build_loader("synthetic" if args.io_mode == "synthetic" else "real", prepared, seq_len=seq,
-                              micro_batch=mbs, dp_rank=0, dp_size=dp, seed=args.seed, grad_accumulation=gas)
+        if args.io_mode == "synthetic":
+            loader = SyntheticCounter(seq, mbs, dp, args.seed, grad_accumulation=gas)
+        else:
+            loader = Loader(TokenDataset(prepared, "train"), seq_len=seq, micro_batch=mbs, dp_rank=0, dp_size=dp,
+                            seed=args.seed, grad_accumulation=gas)
         self.batches = GlobalBatches(loader, self.trainer.shardings.batch, synthetic=args.io_mode == "synthetic")
         self.val_set = TokenDataset(prepared, "validation") if prepared is not None else None
         self.mgr = ckpt.manager(self.out / "checkpoints")
