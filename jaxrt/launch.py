@@ -104,6 +104,8 @@ def _join(renv, local: int) -> None:
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     kwargs = {}
-    if local == 1 and (renv.local_world_size or 1) > 1 and not _missing("jax_cuda12_plugin"):
-        kwargs["local_device_ids"] = [renv.local_rank]  # one process per GPU: its local rank's
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    one_each = visible is not None and "," not in visible  # the scheduler gave each process one GPU
+    if local == 1 and (renv.local_world_size or 1) > 1 and not one_each and not _missing("jax_cuda12_plugin"):
+        kwargs["local_device_ids"] = [renv.local_rank]  # one process per GPU, all GPUs visible: its local rank's
     jax.distributed.initialize(f"{renv.master_addr}:{renv.master_port}", renv.world_size, renv.rank, **kwargs)
