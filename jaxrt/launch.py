@@ -18,8 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
+from jaxrt.preflight import check_before_start, missing_module, require_jax
 from planner.schema.errors import PlanError
-from jaxrt.preflight import _missing, check_before_start, require_jax
 from planner.schema.plan import Plan
 
 
@@ -106,6 +106,7 @@ def _join(renv, local: int) -> None:
     kwargs = {}
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     one_each = visible is not None and "," not in visible  # the scheduler gave each process one GPU
-    if local == 1 and (renv.local_world_size or 1) > 1 and not one_each and not _missing("jax_cuda12_plugin"):
+    gpus = not missing_module("jax_cuda12_plugin")
+    if local == 1 and (renv.local_world_size or 1) > 1 and not one_each and gpus:
         kwargs["local_device_ids"] = [renv.local_rank]  # one process per GPU, all GPUs visible: its local rank's
     jax.distributed.initialize(f"{renv.master_addr}:{renv.master_port}", renv.world_size, renv.rank, **kwargs)

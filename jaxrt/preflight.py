@@ -13,13 +13,13 @@ STEP_PREFIX = "step"  # OUT/checkpoints/step_00000123/ (orbax's step folders, ja
 
 
 def require_jax() -> None:
-    missing = [m for m in ("jax", "flax", "optax", "orbax.checkpoint") if _missing(m)]
+    missing = [m for m in ("jax", "flax", "optax", "orbax.checkpoint") if missing_module(m)]
     if missing:
         raise PlanError(f"the JAX backend needs {', '.join(missing)}: pip install -e '.[jax]' (README 'Backends')",
                         field="backend")
 
 
-def _missing(module: str) -> bool:
+def missing_module(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is None
     except ModuleNotFoundError:
