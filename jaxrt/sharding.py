@@ -112,19 +112,10 @@ _ACTIVE: list[tuple[Mesh, Rules] | None] = []
 
 
 @contextlib.contextmanager
-def activate(mesh: Mesh, rules: Rules) -> Iterator[None]:
-    """While tracing under this context, `constrain` pins activations to the rules' layout."""
-    _ACTIVE.append((mesh, rules))
-    try:
-        yield
-    finally:
-        _ACTIVE.pop()
-
-
-@contextlib.contextmanager
-def activate_none() -> Iterator[None]:
-    """While tracing under this context, `constrain` does nothing (inside shard_map)."""
-    _ACTIVE.append(None)
+def activate(mesh: Mesh | None, rules: Rules | None) -> Iterator[None]:
+    """While tracing under this context, `constrain` pins activations to the rules' layout
+    (mesh None: `constrain` does nothing, as inside a shard_map over the data axes)."""
+    _ACTIVE.append(None if mesh is None else (mesh, rules))
     try:
         yield
     finally:

@@ -52,11 +52,11 @@ def lr_schedule(lr: float, warmup: int, steps: int):
     return schedule
 
 
-def make_optimizer(lr: float, warmup: int, steps: int) -> optax.GradientTransformation:
+def make_optimizer(schedule) -> optax.GradientTransformation:
     """Clip by the global norm, then AdamW (decoupled decay on every parameter, as torch)."""
     return optax.chain(
         optax.clip_by_global_norm(MAX_GRAD_NORM),
-        optax.adamw(lr_schedule(lr, warmup, steps), b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WEIGHT_DECAY),
+        optax.adamw(schedule, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WEIGHT_DECAY),
     )
 
 
@@ -82,8 +82,8 @@ class Trainer:
         self.model = ProteinLM(Dims.of(plan.model), compute_dtype(plan), plan.recompute.value)
         self.rules = shd.rules_for(plan, "params")
         self.opt_rules = shd.rules_for(plan, "optimizer")
-        self.tx = make_optimizer(lr, warmup, steps)
         self.schedule = lr_schedule(lr, warmup, steps)
+        self.tx = make_optimizer(self.schedule)
         seq = plan.job.seq_len
         self.sample_tokens = jnp.zeros((plan.micro_batch_size, seq), jnp.int32)
         abstract = jax.eval_shape(self.model.init, jax.random.key(0), self.sample_tokens)
@@ -135,17 +135,8 @@ class Trainer:
             return grad_fn(params, batches[0])
         if self.plan.mesh.tp == 1 and self.plan.sharding.kind in (Sharding.none, Sharding.zero1):
             return self._grads_reduced_once(params, batches)
-        grad_layout = self._grad_layout()
-
-        def body(carry, batch):
-            loss, grads = grad_fn(params, batch)
-            total, acc = carry
-            acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
-            return (total + loss, jax.lax.with_sharding_constraint(acc, grad_layout)), None
-
-        zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params), grad_layout)
-        (total, acc), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), batches)
-        return total / self.gas, jax.tree.map(lambda g: g / self.gas, acc)
+        layout = self._grad_layout()
+        return _accumulate(grad_fn, params, batches, lambda acc: jax.lax.with_sharding_constraint(acc, layout))
 
     def _grads_reduced_once(self, params, batches):
         """Replicated parameters with accumulation (none, zero1; no tp): each device sums its
@@ -154,21 +145,12 @@ class Trainer:
         all-reduce after every micro-batch: its carry cannot stay unreduced."""
         from jax.sharding import PartitionSpec as P
 
-        gas = self.gas
-
         def local(params, batches):  # this device's micro-batches: (accumulation, micro-batch, seq + 1)
             grad_fn = jax.value_and_grad(lambda p, b: blockwise_loss(self.model.apply({"params": p}, b[:, :-1]),
                                                                      b[:, 1:], 1))
+            return jax.lax.pmean(_accumulate(grad_fn, params, batches), shd.DATA)
 
-            def body(carry, batch):
-                loss, grads = grad_fn(params, batch)
-                return (carry[0] + loss, jax.tree.map(lambda a, g: a + g.astype(jnp.float32), carry[1], grads)), None
-
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            (total, acc), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), batches)
-            return jax.lax.pmean(total / gas, shd.DATA), jax.lax.pmean(jax.tree.map(lambda g: g / gas, acc), shd.DATA)
-
-        with shd.activate_none():  # the data axes are manual inside: no constraints on them
+        with shd.activate(None, None):  # the data axes are manual inside: no constraints on them
             return jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(None, shd.DATA, None)), out_specs=(P(), P()),
                                  check_vma=False)(params, batches)
 
@@ -200,6 +182,21 @@ class Trainer:
     def batch_array(self, host: np.ndarray):
         """A whole step's batch on one host (tests, one process) as the sharded array."""
         return jax.device_put(np.asarray(host, np.int32), self.shardings.batch)
+
+
+def _accumulate(grad_fn, params, batches, layout=lambda acc: acc):
+    """(mean loss, mean gradients) of `grad_fn` over the micro-batches (the leading axis of
+    `batches`): fp32 sums in a `lax.scan`, the running sum laid out by `layout`."""
+
+    def body(carry, batch):
+        loss, grads = grad_fn(params, batch)
+        total, acc = carry
+        return (total + loss, layout(jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads))), None
+
+    zeros = layout(jax.tree.map(jnp.zeros_like, params))
+    (total, acc), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), batches)
+    n = batches.shape[0]
+    return total / n, jax.tree.map(lambda g: g / n, acc)
 
 
 def _like_params(opt_shapes, param_shapes, opt_params_sh, mesh):

@@ -104,3 +104,16 @@ def test_first_step_equals_torch(spec):
     assert set(flat) == set(grads_t)
     for name, gt in grads_t.items():
         np.testing.assert_allclose(flat[name], gt, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+def test_the_learning_rate_schedule_is_the_torch_runtimes():
+    """optax's schedule of the update count equals runtime/trainer.lr_at at every step."""
+    from types import SimpleNamespace
+
+    from jaxrt.step import lr_schedule
+    from runtime.trainer import lr_at
+
+    args = SimpleNamespace(lr=3e-4, warmup=10, steps=100)
+    schedule = lr_schedule(args.lr, args.warmup, args.steps)
+    for step in range(0, 120):
+        assert float(schedule(step)) == pytest.approx(lr_at(step, args), rel=1e-6)
