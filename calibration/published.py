@@ -9,7 +9,8 @@ conventions: calibration/published_schema.py).
     held_out_runs()    published rows never fitted, only predicted (F: torchtitan on H100s,
                        G: BLOOM-176B with Megatron-DeepSpeed, on hardware that the machine
                        presets only stand in for; the Frontier torchtitan row of I, J and K:
-                       GH200 and Max 1550 rows of calibration/published_seed_hw.py)
+                       GH200 and Max 1550 rows of calibration/published_seed_hw.py; L: the
+                       rest of llm-foundry's benchmark tables, calibration/published_foundry.py)
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ def _section_b() -> list[PublishedRun]:
 SOURCE_C = "MosaicML llm-foundry, scripts/train/benchmarking/README.md, H100 80GB BF16 table"
 NOTE_C = (
     "Tokens/s per GPU (the table's MFU is the same measurement under llm-foundry's 6N + 12 l h s "
-    "FLOPs per token). FSDP FULL_SHARD over all GPUs, flash attention, bf16 autocast."
+    "FLOPs per token). FSDP FULL_SHARD over all GPUs, flash attention (flash-attn 1.0.9, the default of "
+    "llm-foundry's gpu extra in October 2023; FlashAttention-2 was opt-in: assumed), bf16 autocast, llm-foundry's "
+    "default loss (flash-attn's fused cross-entropy over 16-bit logits: fused_loss)."
 )
 NOTE_C_FILLED = (
     " Micro-batch, accumulation steps and activation checkpointing are not in this row's table; "
@@ -129,7 +132,8 @@ def _section_c() -> list[PublishedRun]:
             machine="dgx-h100", framework="fsdp", gpus=gpus,
             layout=PublishedLayout(dp=gpus, sharding=Sharding.fsdp, micro_batch=mbs, global_batch=gpus * mbs * gas,
                                    recompute=Recompute.full if ckpt else Recompute.none),
-            figure=tps, kind="tokens_per_s_per_gpu", assumed=filled,
+            figure=tps, kind="tokens_per_s_per_gpu", assumed=filled + ["flash_attention_v1"], fused_loss=True,
+            flash_attention_v1=True,
             note=NOTE_C + f" Published MFU {mfu:.2%}." + (NOTE_C_FILLED if filled else ""),
         ))
     return runs
@@ -172,5 +176,8 @@ def published_runs() -> list[PublishedRun]:
 
 
 def held_out_runs() -> list[PublishedRun]:
-    """Published rows that no fit sees, predicted to check the model where it was not fitted."""
-    return held_out_extra_runs() + held_out_seed_hw_runs()
+    """Published rows that no fit sees, predicted to check the model where it was not fitted
+    (section L, llm-foundry's whole tables, last)."""
+    from calibration.published_foundry import foundry_runs
+
+    return held_out_extra_runs() + held_out_seed_hw_runs() + foundry_runs()

@@ -122,8 +122,9 @@ SOURCE_H = ("MosaicML llm-foundry, scripts/train/benchmarking/README.md, 'A100 8
 NOTE_H = (
     "Tokens/s per GPU (the table's MFU is the same measurement under llm-foundry's 6N + 12 l h s FLOPs per "
     "token). Every layout field is a column of the table: micro-batch, gradient accumulation, global batch, "
-    "FULL_SHARD over all GPUs, activation checkpointing. Flash attention, bf16 (amp_bf16; the 70b rows "
-    "pure bf16). 8 A100 80GB per node with 1600 Gbps RoCE between nodes, as the dgx-a100-80gb preset "
+    "FULL_SHARD over all GPUs, activation checkpointing. Flash attention (flash-attn 1.0.9, the default of "
+    "llm-foundry's gpu extra in October 2023, FlashAttention-2 opt-in: assumed), bf16 (amp_bf16; the 70b rows "
+    "pure bf16), llm-foundry's default loss (flash-attn's fused cross-entropy: fused_loss). 8 A100 80GB per node with 1600 Gbps RoCE between nodes, as the dgx-a100-80gb preset "
     "(8 x 200 Gb/s)."
 )
 
@@ -148,7 +149,9 @@ def _section_h() -> list[dict[str, Any]]:
             framework="fsdp", gpus=gpus,
             layout=PublishedLayout(dp=gpus, sharding=Sharding.fsdp, micro_batch=mbs, global_batch=gpus * mbs * gas,
                                    recompute=Recompute.full if ckpt else Recompute.none),
-            figure=float(tps), kind="tokens_per_s_per_gpu", assumed=[],
+            figure=float(tps), kind="tokens_per_s_per_gpu", assumed=["flash_attention_v1"], fused_loss=True,
+            flash_attention_v1=True,
+            grad_reduce_bf16=name == "mpt-70b",  # the table's PURE mixed precision: bf16 reduction
             note=NOTE_H + f" Published MFU {mfu:.2%}, sequence {seq}.",
         ))
     return runs

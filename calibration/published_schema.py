@@ -36,7 +36,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from planner.cost import flops
+from planner.cost.compute import FUSED_LOSS_TRAFFIC_BYTES_PER_LOGIT
 from planner.cost.layout import Layouts
+from planner.cost.memory import LOSS_BYTES_PER_LOGIT
 from planner.schema.plan import Recompute, Sharding
 from planner.schema.specs import MachineModel, ModelSpec, PosInt, Precision, Spec, TrainingJob
 
@@ -63,6 +65,12 @@ UNITS: dict[str, str] = {
     "tokens_per_s_per_gpu": "tok/s/GPU",
     "iteration_time_s": "s/step",
 }
+
+
+# flash-attn 1.x against FlashAttention-2: "around 2x faster" forward + backward (Dao 2023,
+# "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning", abstract
+# and figs. 4-7, A100 and H100).
+FLASH_V1_SPEED = 0.5
 
 
 class PublishedLayout(Spec):
@@ -119,6 +127,11 @@ class PublishedRun(Spec):
     precision: Precision = Precision.bf16
     flash_attention: bool = Field(True, description="Fused attention kernel (a software choice: false for 2022 Megatron).")
     tp_comm_overlap: bool = Field(False, description="The framework hides tensor-parallel traffic (Megatron --tp-comm-overlap): a setting of the framework, not fitted.")
+    grad_reduce_bf16: bool = Field(False, description="Gradients reduced in bf16 (FSDP's PURE mixed precision) instead of the profile's dtype.")
+    flash_attention_v1: bool = Field(False, description="The fused attention kernel is flash-attn 1.x, about half FlashAttention-2's speed "
+                                                        "(Dao 2023): the job's attention_kernel_speed 0.5.")
+    fused_loss: bool = Field(False, description="The loss is one fused kernel over 16-bit logits (flash-attn's cross_entropy, llm-foundry's default): "
+                                                "its memory (planner/cost/memory.py) and traffic (planner/cost/compute.py) per logit.")
     figure: float = Field(gt=0, description="The published number, in the unit of `kind` (MFU as a fraction).")
     kind: FigureKind
     flop_convention: FlopConvention = Field("none", description="FLOP count behind TFLOP/s and MFU figures.")
@@ -148,7 +161,11 @@ class PublishedRun(Spec):
 
         profile = load_framework(PROFILE_OF[self.framework]).model_copy(update={
             "overlap_dp": None, "step_overhead_s": None, "flash_attention": self.flash_attention,
-            "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0})
+            "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0,
+            **({"grad_reduce_dtype": "bf16"} if self.grad_reduce_bf16 else {}),
+            **({"attention_kernel_speed": FLASH_V1_SPEED} if self.flash_attention_v1 else {}),
+            **({"loss_bytes_per_logit": LOSS_BYTES_PER_LOGIT["fused"],
+                "loss_traffic_bytes_per_logit": FUSED_LOSS_TRAFFIC_BYTES_PER_LOGIT} if self.fused_loss else {})})
         return TrainingJob(global_batch=self.layout.global_batch, seq_len=self.model.seq_len, precision=self.precision,
                            framework=profile)
 

@@ -186,12 +186,54 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
     if all(r.loo_error is None for r in rows):
         console.print("leave-one-out (fit without each row, then predict it): `--loo`")
     if held_out:
-        console.print(_table("Held out (never fitted): predicted vs published", held_out))
-        console.print(_summary_line("held-out rows", held_out))
+        listed = [r for r in held_out if r.section not in SUMMARISED_SECTIONS]
+        console.print(_table("Held out (never fitted): predicted vs published", listed))
+        console.print(_summary_line("held-out rows", listed))
+        foundry = [r for r in held_out if r.section == "L"]
+        if foundry:
+            console.print(_foundry_table(foundry))
+            console.print(_summary_line("section L (every row: --json)", foundry))
     if searched:
         console.print(_searched_table(searched, {r.id: r for r in rows}))
     if any(r.assumed for r in rows + (held_out or [])):
         console.print("* a field of this row is not published; calibration/published.py documents the choice made")
+
+
+# Held-out sections too long to list row by row: summarised (render_published), whole in --json.
+SUMMARISED_SECTIONS = ("L",)
+# Sequence bands of the section-L summary: short (what the fitted rows cover) and long.
+LONG_SEQ = 8192
+
+
+def foundry_groups(rows: list[ValidationRow]) -> dict[str, dict[str, list[ValidationRow]]]:
+    """Section-L rows by the source's table, then by sequence band ('all', '< 8k', '>= 8k')."""
+    from calibration.published_foundry import TABLES
+
+    out: dict[str, dict[str, list[ValidationRow]]] = {}
+    for table in TABLES:
+        part = [r for r in rows if r.id.startswith(f"L-{table}-")]
+        if part:
+            seq = {r.id: int(r.id.split("-s")[-1].split("-")[0]) for r in part}
+            out[table] = {"all": part, f"< {LONG_SEQ // 1024}k": [r for r in part if seq[r.id] < LONG_SEQ],
+                          f">= {LONG_SEQ // 1024}k": [r for r in part if seq[r.id] >= LONG_SEQ]}
+    return out
+
+
+def _foundry_table(rows: list[ValidationRow]):
+    from rich.table import Table
+
+    table = Table(title="Held out: llm-foundry's whole benchmark tables (section L), |error| by table and sequence")
+    for col in ("table", "rows", "median", "max", "mean (signed)", "median, seq < 8k", "median, seq >= 8k"):
+        table.add_column(col, justify="left" if col == "table" else "right")
+    for name, bands in foundry_groups(rows).items():
+        cells = []
+        for band in bands.values():
+            cells.append(f"{100 * summary(band)[0]:.1f}%" if band else "-")
+        med, worst = summary(bands["all"])
+        mean = float(np.mean([r.error for r in bands["all"]]))
+        table.add_row(name, str(len(bands["all"])), f"{100 * med:.1f}%", f"{100 * worst:.1f}%", f"{100 * mean:+.1f}%",
+                      *cells[1:])
+    return table
 
 
 def _searched_table(searched: list, rows: dict[str, ValidationRow]):
@@ -248,6 +290,10 @@ def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | No
     }
     if held_out:
         out["held_out"] = {"rows": [asdict(r) for r in held_out], "summary": _summary_json(held_out)}
+        foundry = [r for r in held_out if r.section == "L"]
+        if foundry:
+            out["held_out"]["section_l"] = {table: {band: _summary_json(part) for band, part in bands.items() if part}
+                                            for table, bands in foundry_groups(foundry).items()}
     if searched:
         out["searched_unstated"] = [asdict(s) for s in searched]
     return out

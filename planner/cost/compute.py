@@ -73,14 +73,37 @@ def attention_backward_ratio(machine: MachineModel) -> float:
     return FLASH_BACKWARD_RATIO if machine.flash_attention else UNFUSED_BACKWARD_RATIO
 
 
+# Sequence length from which a fused attention kernel runs at a constant rate: it works in
+# tiles of 64-128 queries x keys, so longer sequences add tiles, not larger GEMMs. Measured:
+# llm-foundry's tables (calibration/data/llm_foundry_mpt.csv, MPT-1B on 8 GPUs) add a constant
+# time per token per unit of sequence from 2k to 32k (A100 3.4-4.0 ns, H100 1.9-2.0 ns for each
+# doubling), and FlashAttention-2's own forward + backward benchmarks (Dao 2023, figs. 4-6) are
+# within about 10% of their 16k rate from 2k on. Below it the kernel is timed as a GEMM of its
+# size, as before.
+FLASH_SATURATION_SEQ = 2048
+
+
 def attention_core_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """Forward attention core (scores and context) for one micro-batch on one rank. Fused
-    (flash) kernels skip the masked half of a causal score matrix."""
+    (flash) kernels skip the masked half of a causal score matrix, and their rate stops
+    growing with the sequence at FLASH_SATURATION_SEQ; unfused ones are batched GEMMs of the
+    scores' size."""
     local_s = job.seq_len / lay.cp
     heads = model.heads / lay.tp
     per_head = gemm_time(machine, job, local_s, job.seq_len, model.head_dim)  # Q K^T
+    if machine.flash_attention:
+        sat = np.minimum(local_s, FLASH_SATURATION_SEQ) * min(job.seq_len, FLASH_SATURATION_SEQ)
+        per_head = per_head * matmul_efficiency(machine, np.cbrt(local_s * job.seq_len * model.head_dim)) / (
+            matmul_efficiency(machine, np.cbrt(sat * model.head_dim)))
+        per_head = per_head / attention_kernel_speed(job)
     causal = 0.5 if machine.flash_attention else 1.0
     return 2.0 * per_head * heads * lay.mbs * causal / machine.attention_efficiency_factor
+
+
+def attention_kernel_speed(job: TrainingJob) -> float:
+    """The framework's fused attention kernel relative to FlashAttention-2 (its profile's
+    attention_kernel_speed; 1 without a profile)."""
+    return float(getattr(getattr(job, "framework", None), "attention_kernel_speed", 1.0))
 
 
 def dense_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
@@ -153,12 +176,26 @@ def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: 
 LOSS_ACCESSES_PER_LOGIT = 12
 
 
+# A fused cross-entropy kernel over 16-bit logits (flash-attn's cross_entropy, llm-foundry's
+# default loss): forward reads each logit once (the log-sum-exp and the loss), backward reads
+# it again and writes its gradient in place: 3 x 2 bytes.
+FUSED_LOSS_TRAFFIC_BYTES_PER_LOGIT = 6.0
+
+
+def loss_traffic_bytes_per_logit(job: TrainingJob) -> float:
+    """Bytes the loss moves per logit: the framework profile's `loss_traffic_bytes_per_logit`
+    where it gives one, else LOSS_ACCESSES_PER_LOGIT fp32 passes."""
+    given = getattr(getattr(job, "framework", None), "loss_traffic_bytes_per_logit", None)
+    return LOSS_ACCESSES_PER_LOGIT * 4.0 if given is None else float(given)
+
+
 def head_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
-    """Forward + backward of the output projection and the fp32 cross-entropy (vocab-parallel
-    over tp) for one micro-batch: LOSS_ACCESSES_PER_LOGIT fp32 passes over the logits."""
+    """Forward + backward of the output projection and the cross-entropy (vocab-parallel over
+    tp) for one micro-batch: loss_traffic_bytes_per_logit(job) bytes moved per logit (by
+    default LOSS_ACCESSES_PER_LOGIT fp32 passes)."""
     T = tokens_per_microbatch(job, lay)
     gemm = gemm_time(machine, job, T, model.vocab_size / lay.tp, model.hidden)
-    loss_bytes = LOSS_ACCESSES_PER_LOGIT * 4 * T * model.vocab_size / lay.tp
+    loss_bytes = loss_traffic_bytes_per_logit(job) * T * model.vocab_size / lay.tp
     return 3.0 * gemm + elementwise_time(machine, loss_bytes)
 
 

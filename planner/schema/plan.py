@@ -347,7 +347,8 @@ def _pipeline_problems(plan: Plan) -> list[str]:
 # the file and of the content hash while they hold it, so that earlier plans keep their hash
 # and a plan made as before is written byte for byte as before.
 _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "precisions": [p.value for p in Precision],
-                       "cpu_figures": {}}
+                       "cpu_figures": {}, "loss_traffic_bytes_per_logit": None,
+                       "attention_kernel_speed": 1.0}
 
 
 def _body(plan: Plan, for_hash: bool = False) -> dict:

@@ -320,6 +320,13 @@ class FrameworkProfile(Spec):
     loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
         8.0, description="Memory the loss holds per logit (torch's eager cross-entropy 8; Megatron's vocab-parallel "
                          "or a fused kernel 4): planner/cost/memory.py.")
+    attention_kernel_speed: Annotated[float, Field(gt=0, le=4)] = Field(
+        1.0, description="Speed of the framework's fused attention kernel relative to FlashAttention-2, the kernel "
+                         "the device kinds' attention_efficiency_factor describes (flash-attn 1.x: 0.5, Dao 2023).")
+    loss_traffic_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] | None = Field(
+        None, description="Bytes the loss moves per logit, forward and backward (planner/cost/compute.py head_time); "
+                          "None: 48, twelve fp32 passes (torch's eager or Megatron's vocab-parallel cross-entropy); "
+                          "a fused kernel over 16-bit logits (flash-attn's cross_entropy) 6.")
     ddp_buckets_mb: list[Annotated[float, Field(gt=0, le=1e6)]] = Field(default_factory=lambda: [25.0, 100.0, 400.0], max_length=64,
                                            description="DDP gradient bucket sizes the framework can use (MB).")
     zero_bucket_params: Annotated[float, Field(gt=0, le=1e15)] = Field(25 * 2**20 / 4, description="ZeRO-1/2 gradient bucket, parameters (exaplan's "

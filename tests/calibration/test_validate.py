@@ -70,7 +70,7 @@ def test_runs_are_well_formed():
     assert len(ids) == len(set(ids)) == 39
     assert {r.section for r in runs} == {"A", "B", "C", "D", "H", "I"}
     held = held_out_runs()
-    assert {r.section for r in held} == {"F", "G", "I", "J", "K"} and not {r.id for r in held} & set(ids)
+    assert {r.section for r in held} == {"F", "G", "I", "J", "K", "L"} and not {r.id for r in held} & set(ids)
     for r in runs:
         assert r.kind in UNITS
         assert r.layout.tp * r.layout.pp * r.layout.dp == r.gpus
@@ -137,13 +137,14 @@ def test_fit_stays_within_bounds(fit):
 
 def test_frameworks_get_their_own_figures(fit):
     """The reason for the split: Megatron hides its (ZeRO-1) data-parallel traffic almost
-    fully, FSDP as llm-foundry and fms-fsdp run it much less, and FSDP pays a fixed cost per
-    step that Megatron does not show. One figure for both would miss one of them."""
+    fully, FSDP as llm-foundry and fms-fsdp run it much less. One figure for both would miss
+    one of them. Neither pays much of a fixed cost per step: with llm-foundry's fused loss
+    counted as it ran (6 bytes a logit, not 48), the 71 ms that FSDP's figure had carried went
+    to 16 ms; a fixed cost of 0.1 s or more would again be standing in for per-token work."""
     meg, fsdp = fit.framework["megatron"], fit.framework["fsdp"]
     assert meg["overlap_dp"] - fsdp["overlap_dp"] > 0.3
     assert meg["overlap_dp"] > 0.8
-    assert 0.05 < fsdp["step_overhead_s"] < 0.5
-    assert fsdp["step_overhead_s"] > meg["step_overhead_s"] + 0.05
+    assert fsdp["step_overhead_s"] < 0.1 and meg["step_overhead_s"] < 0.1
 
 
 def test_figures_the_rows_cannot_see_are_held_at_their_first_guess(fit, times):

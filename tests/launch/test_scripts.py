@@ -19,7 +19,7 @@ from machine_models import load_machine
 from planner.schema.launch import env_name_problem
 from planner.schema.plan import load_plan, write_plan
 
-PRESETS = ["aurora", "alps", "frontier", "leonardo", "pdx", "dgx-a100-80gb", "dgx-h100", "lumi"]
+PRESETS = ["aurora", "alps", "frontier", "leonardo", "pdx", "dgx-a100-80gb", "dgx-a100-40gb", "dgx-h100", "lumi"]
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
 
 

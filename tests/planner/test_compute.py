@@ -49,10 +49,13 @@ def test_unfused_attention_backward_is_twice_its_forward():
     unfused = H100.model_copy(update={"flash_attention": False})
     attn, dense, elem, _, fb = parts(unfused, Layouts.one(dp=8, mbs=1))
     assert fb == pytest.approx(3 * (dense + elem + attn), **EXACT)
-    # It computes the whole score matrix (flash skips the masked half) and moves it through memory.
-    flash_attn, _, flash_elem, _, _ = parts(H100, Layouts.one(dp=8, mbs=1))
+    # It computes the whole score matrix (flash skips the masked half) and moves it through memory;
+    # up to the flash kernel's saturation length both run at the rate of a GEMM of their size.
+    s = compute.FLASH_SATURATION_SEQ
+    flash_attn, _, flash_elem, _, _ = parts(H100, Layouts.one(dp=8, mbs=1), seq=s)
+    attn, _, elem, _, _ = parts(unfused, Layouts.one(dp=8, mbs=1), seq=s)
     assert attn == pytest.approx(2 * flash_attn, **EXACT)
-    scores = 32 * 4096 * 4096  # heads x s x s, one sequence
+    scores = 32 * s * s  # heads x s x s, one sequence
     bandwidth = H100.memory_bandwidth_gbyte_s * 1e9 * H100.elementwise_efficiency
     assert elem - flash_elem == pytest.approx(4 * scores * 2 / bandwidth, rel=1e-9)
 
@@ -147,3 +150,51 @@ def test_elementwise_efficiency_is_a_bounded_figure():
     assert with_figures(H100, {"elementwise_efficiency": 3.0}).elementwise_efficiency == 1.0
     assert H100.model_copy(update={"elementwise_efficiency": 1.0}).elementwise_efficiency == 1.0
     assert 0.05 <= H100.elementwise_efficiency <= 1.0
+
+
+def test_flash_rate_stops_growing_at_the_saturation_length():
+    """A fused kernel works in fixed tiles: beyond FLASH_SATURATION_SEQ its time grows as s^2
+    (a constant rate); below it, and for unfused GEMMs at every length, the rate still grows
+    with the GEMM's size (time grows slower than s^2)."""
+    lay = Layouts.one(dp=8, mbs=1)
+    s0 = compute.FLASH_SATURATION_SEQ
+    flash = {s: parts(H100, lay, seq=s)[0] for s in (s0 // 4, s0 // 2, s0, 2 * s0, 4 * s0)}
+    assert flash[2 * s0] / flash[s0] == pytest.approx(4.0, rel=1e-12)
+    assert flash[4 * s0] / flash[2 * s0] == pytest.approx(4.0, rel=1e-12)
+    assert flash[s0] / flash[s0 // 2] < 3.9 and flash[s0 // 2] / flash[s0 // 4] < 3.9
+    unfused = H100.model_copy(update={"flash_attention": False})
+    u = {s: parts(unfused, lay, seq=s)[0] for s in (2 * s0, 4 * s0)}
+    assert u[4 * s0] / u[2 * s0] < 3.95
+
+
+def test_attention_kernel_speed_scales_the_fused_kernel_only():
+    """A profile's attention_kernel_speed (flash-attn 1.x: 0.5) divides the fused attention
+    core's rate and nothing else; unfused attention is plain GEMMs."""
+    from planner.schema.specs import FrameworkProfile
+
+    lay = Layouts.one(dp=8, mbs=1)
+    slow_job = job().model_copy(update={"framework": FrameworkProfile(attention_kernel_speed=0.5)})
+    j = job()
+    fast = float(compute.attention_core_time(MODEL, H100, j, lay)[0])
+    slow = float(compute.attention_core_time(MODEL, H100, slow_job, lay)[0])
+    assert slow == pytest.approx(2 * fast, **EXACT)
+    assert float(compute.dense_time(MODEL, H100, slow_job, lay)[0]) == float(compute.dense_time(MODEL, H100, j, lay)[0])
+    unfused = H100.model_copy(update={"flash_attention": False})
+    assert (float(compute.attention_core_time(MODEL, unfused, slow_job, lay)[0])
+            == float(compute.attention_core_time(MODEL, unfused, j, lay)[0]))
+
+
+def test_fused_loss_moves_six_bytes_a_logit():
+    """The head's loss traffic: 12 fp32 passes by default, a profile's loss_traffic_bytes_per_logit
+    (a fused kernel over 16-bit logits: 6) where it gives one."""
+    from planner.schema.specs import FrameworkProfile
+
+    lay = Layouts.one(dp=8, mbs=1)
+    j = job()
+    fused = j.model_copy(update={"framework": FrameworkProfile(
+        loss_traffic_bytes_per_logit=compute.FUSED_LOSS_TRAFFIC_BYTES_PER_LOGIT)})
+    assert compute.loss_traffic_bytes_per_logit(j) == 4 * compute.LOSS_ACCESSES_PER_LOGIT
+    T, V = 4096, MODEL.vocab_size
+    saved = (48 - 6) * T * V / (H100.memory_bandwidth_gbyte_s * 1e9 * H100.elementwise_efficiency)
+    default, cheap = (float(compute.head_time(MODEL, H100, jj, lay)[0]) for jj in (j, fused))
+    assert default - cheap == pytest.approx(saved, rel=1e-9)
