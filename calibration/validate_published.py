@@ -207,13 +207,14 @@ LONG_SEQ = 8192
 
 def foundry_groups(rows: list[ValidationRow]) -> dict[str, dict[str, list[ValidationRow]]]:
     """Section-L rows by the source's table, then by sequence band ('all', '< 8k', '>= 8k')."""
-    from calibration.published_foundry import TABLES
+    from calibration.published_foundry import TABLES, foundry_runs, foundry_table
 
+    runs = {r.id: r for r in foundry_runs()}
     out: dict[str, dict[str, list[ValidationRow]]] = {}
     for table in TABLES:
-        part = [r for r in rows if r.id.startswith(f"L-{table}-")]
+        part = [r for r in rows if foundry_table(runs[r.id]) == table]
         if part:
-            seq = {r.id: int(r.id.split("-s")[-1].split("-")[0]) for r in part}
+            seq = {r.id: runs[r.id].model.seq_len for r in part}
             out[table] = {"all": part, f"< {LONG_SEQ // 1024}k": [r for r in part if seq[r.id] < LONG_SEQ],
                           f">= {LONG_SEQ // 1024}k": [r for r in part if seq[r.id] >= LONG_SEQ]}
     return out

@@ -90,12 +90,13 @@ def attention_core_time(model: ModelSpec, machine: MachineModel, job: TrainingJo
     scores' size."""
     local_s = job.seq_len / lay.cp
     heads = model.heads / lay.tp
-    per_head = gemm_time(machine, job, local_s, job.seq_len, model.head_dim)  # Q K^T
+    flops = 2.0 * local_s * job.seq_len * model.head_dim  # Q K^T of one head
     if machine.flash_attention:
-        sat = np.minimum(local_s, FLASH_SATURATION_SEQ) * min(job.seq_len, FLASH_SATURATION_SEQ)
-        per_head = per_head * matmul_efficiency(machine, np.cbrt(local_s * job.seq_len * model.head_dim)) / (
-            matmul_efficiency(machine, np.cbrt(sat * model.head_dim)))
-        per_head = per_head / attention_kernel_speed(job)
+        size = np.minimum(local_s, FLASH_SATURATION_SEQ) * min(job.seq_len, FLASH_SATURATION_SEQ) * model.head_dim
+        rate = matmul_efficiency(machine, np.cbrt(size)) * attention_kernel_speed(job)
+    else:
+        rate = matmul_efficiency(machine, np.cbrt(local_s * job.seq_len * model.head_dim))
+    per_head = flops / (machine.peak_flops(job.precision) * rate)
     causal = 0.5 if machine.flash_attention else 1.0
     return 2.0 * per_head * heads * lay.mbs * causal / machine.attention_efficiency_factor
 
