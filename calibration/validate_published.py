@@ -176,9 +176,10 @@ def _fmt(value: float, kind: str) -> str:
 
 
 def render_published(rows: list[ValidationRow], console, held_out: list[ValidationRow] | None = None,
-                     searched: list | None = None) -> None:
+                     searched: list | None = None, list_all: bool = False) -> None:
     """Print the rows as a rich table, then median and max |error| (and leave-one-out),
-    overall, per device kind and per framework; then the held-out rows, if given."""
+    overall, per device kind and per framework; then the held-out rows, if given (section L
+    summarised by table and sequence band unless `list_all`)."""
     console.print(_table("Published runs: predicted vs published", rows))
     console.print(_summary_line("all rows", rows))
     for name, part in {**_groups(rows, "device"), **_groups(rows, "framework")}.items():
@@ -186,7 +187,7 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
     if all(r.loo_error is None for r in rows):
         console.print("leave-one-out (fit without each row, then predict it): `--loo`")
     if held_out:
-        listed = [r for r in held_out if r.section not in SUMMARISED_SECTIONS]
+        listed = [r for r in held_out if list_all or r.section not in SUMMARISED_SECTIONS]
         console.print(_table("Held out (never fitted): predicted vs published", listed))
         console.print(_summary_line("held-out rows", listed))
         foundry = [r for r in held_out if r.section == "L"]

@@ -91,3 +91,14 @@ def test_the_model_predicts_section_l_where_nothing_was_fitted():
     errors = np.abs([r.error for r in rows])
     assert np.all(np.isfinite(errors))
     assert np.median(errors) < 0.10
+
+
+def test_cli_summarises_section_l_and_lists_it_with_all_rows(capsys):
+    from cli.main import main
+
+    assert main(["validate", "--published"]) == 0
+    out = capsys.readouterr().out
+    assert "section L" in out and "h100_bf16_large" in out and "L-a100_40gb-" not in out
+    assert main(["validate", "--published", "--all-rows"]) == 0
+    out = capsys.readouterr().out
+    assert "L-a100_40gb-" in out and "section L" in out
