@@ -211,7 +211,7 @@ def test_ring_latency_counts_inter_node_latency_on_the_node_crossings():
 
 
 def test_leonardo_data_parallel_ring_has_no_cliff_at_the_group_boundary():
-    """180 nodes fill one (assumed) Leonardo group; at 187 the data-parallel ring spans two,
+    """180 nodes fill one Leonardo group (De Sensi et al. 2024); at 187 the data-parallel ring spans two,
     crosses 2 of its 187 hops and keeps its bandwidth (the old model halved it)."""
     t = link_tiers(load_machine("leonardo"))
     inside, across = comm.place(180 * 4, 1, t), comm.place(187 * 4, 1, t)
