@@ -102,3 +102,20 @@ def test_cli_summarises_section_l_and_lists_it_with_all_rows(capsys):
     assert main(["validate", "--published", "--all-rows"]) == 0
     out = capsys.readouterr().out
     assert "L-a100_40gb-" in out and "section L" in out
+
+
+def test_the_leave_one_out_intervals_cover_section_l_about_as_they_claim():
+    """The intervals come from the 80th percentile of the fitted rows' leave-one-out errors
+    (machine_models/uncertainty.py); on section L, which no fit saw, they should hold about
+    80% of the published rates. 70% is the floor: below it the intervals claim too much."""
+    from machine_models import load_machine
+    from machine_models.uncertainty import uncertainty_of
+
+    runs = {r.id: r for r in RUNS}
+    inside = []
+    for row in (r for r in validate_held_out() if r.section == "L"):
+        run = runs[row.id]
+        u = uncertainty_of(load_machine(run.machine), run.job().framework).step_time
+        inside.append(row.predicted / (1 + u) <= row.published <= row.predicted / (1 - u))
+    assert len(inside) == len(RUNS)
+    assert np.mean(inside) >= 0.70
