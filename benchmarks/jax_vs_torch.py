@@ -51,7 +51,9 @@ if __package__ in (None, ""):  # run as a file: the repository root on the path
 
 from benchmarks import summary  # noqa: E402
 from benchmarks.common import GLOBAL_BATCH, MODEL, SEQ_LEN, cores  # noqa: E402
-from benchmarks.runtime_vs_torch import RunFailed, exaplan_command, launch, read_step_records  # noqa: E402
+from benchmarks.runtime_vs_torch import (  # noqa: E402
+    RunFailed, add_run_options, checked_layouts, exaplan_command, launch, read_step_records,
+)
 
 BACKENDS = ("torch", "jax")
 # The Makefile's `demo` target: `exaplan plan` with these options (and -o PLAN).
@@ -92,22 +94,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="Layouts: demo (torch: the Makefile demo's plan; jax: the same `exaplan plan` command with --backend "
                "jax, since the JAX backend runs no pipeline parallelism), demo-jax-plan (that JAX plan on both), "
                "fsdp (--shard fsdp --pp 1), tp2 (--tp 2 --pp 1). Run it on an otherwise idle machine.")
-    ap.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma-separated (default {','.join(LAYOUTS)})")
     ap.add_argument("--rounds", type=int, default=3, help=f"interleaved rounds of the {MAIN} layout (default 3)")
     ap.add_argument("--extra-rounds", type=int, default=1, help="rounds of every other layout (default 1)")
-    ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
-    ap.add_argument("--warmup", type=int, default=5, help="first steps of every run left out (default 5)")
-    ap.add_argument("--out", default="runs/bench-jax", help="output folder (default runs/bench-jax)")
-    ap.add_argument("--quick", action="store_true", help="smoke test: the demo layout only, 2 rounds x 8 steps")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take (default 1800)")
-    ap.add_argument("--keep-checkpoints", action="store_true", help="keep the runs' final checkpoints")
+    add_run_options(ap, LAYOUTS, "runs/bench-jax", "the demo layout only, 2 rounds x 8 steps")
     args = ap.parse_args(argv)
     if args.quick:
         args.layouts, args.rounds, args.steps = MAIN, 2, 8
-    args.layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
-    unknown = [s for s in args.layouts if s not in LAYOUTS]
-    if unknown or not args.layouts:
-        ap.error(f"--layouts: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(LAYOUTS)}")
+    args.layouts = checked_layouts(ap, args, LAYOUTS)
     if args.rounds < 1 or args.extra_rounds < 1 or args.steps < 1 or not 0 <= args.warmup < args.steps:
         ap.error("need --rounds >= 1, --extra-rounds >= 1, --steps >= 1 and 0 <= --warmup < --steps")
     return args

@@ -66,25 +66,36 @@ class RunFailed(RuntimeError):
     pass
 
 
+def add_run_options(ap: argparse.ArgumentParser, layouts, out: str, quick: str) -> None:
+    """The options every benchmark driver here shares (its own --rounds come before them)."""
+    ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
+    ap.add_argument("--warmup", type=int, default=5, help="first steps of every run left out (default 5)")
+    ap.add_argument("--out", default=out, help=f"output folder (default {out})")
+    ap.add_argument("--quick", action="store_true", help=f"smoke test: {quick}")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take (default 1800)")
+    ap.add_argument("--keep-checkpoints", action="store_true", help="keep the runs' final checkpoints")
+    ap.add_argument("--layouts", default=",".join(layouts), help=f"comma-separated (default {','.join(layouts)})")
+
+
+def checked_layouts(ap: argparse.ArgumentParser, args: argparse.Namespace, layouts) -> list[str]:
+    """--layouts as a list, each one of `layouts` (else the parser's error, exit 2)."""
+    chosen = [s.strip() for s in args.layouts.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in layouts]
+    if unknown or not chosen:
+        ap.error(f"--layouts: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(layouts)}")
+    return chosen
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.runtime_vs_torch",
                                  description="exaplan run against hand-written torch loops of the same layouts "
                                              "(protein-small, global batch 4 x 128, fp32, 2 ranks).")
-    ap.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma-separated (default {','.join(LAYOUTS)})")
     ap.add_argument("--rounds", type=int, default=3, help="A/B rounds per layout (default 3)")
-    ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
-    ap.add_argument("--warmup", type=int, default=5, help="first steps of every run left out (default 5)")
-    ap.add_argument("--out", default="runs/bench-runtime", help="output folder (default runs/bench-runtime)")
-    ap.add_argument("--quick", action="store_true", help="smoke test: 1 round, 6 steps, 1 warm-up step")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take (default 1800)")
-    ap.add_argument("--keep-checkpoints", action="store_true", help="keep exaplan's final checkpoints")
+    add_run_options(ap, LAYOUTS, "runs/bench-runtime", "1 round, 6 steps, 1 warm-up step")
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 6, 1
-    args.layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
-    unknown = [s for s in args.layouts if s not in LAYOUTS]
-    if unknown or not args.layouts:
-        ap.error(f"--layouts: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(LAYOUTS)}")
+    args.layouts = checked_layouts(ap, args, LAYOUTS)
     if args.rounds < 1 or args.steps < 1 or not 0 <= args.warmup < args.steps:
         ap.error("need --rounds >= 1, --steps >= 1 and 0 <= --warmup < --steps")
     return args
