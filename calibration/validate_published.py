@@ -228,13 +228,11 @@ def _foundry_table(rows: list[ValidationRow]):
     for col in ("table", "rows", "median", "max", "mean (signed)", "median, seq < 8k", "median, seq >= 8k"):
         table.add_column(col, justify="left" if col == "table" else "right")
     for name, bands in foundry_groups(rows).items():
-        cells = []
-        for band in bands.values():
-            cells.append(f"{100 * summary(band)[0]:.1f}%" if band else "-")
+        cells = [f"{100 * summary(part)[0]:.1f}%" if part else "-" for band, part in bands.items() if band != "all"]
         med, worst = summary(bands["all"])
         mean = float(np.mean([r.error for r in bands["all"]]))
         table.add_row(name, str(len(bands["all"])), f"{100 * med:.1f}%", f"{100 * worst:.1f}%", f"{100 * mean:+.1f}%",
-                      *cells[1:])
+                      *cells)
     return table
 
 

@@ -18,6 +18,12 @@ ROWS = read_table()
 RUNS = foundry_runs()
 
 
+@pytest.fixture(scope="module")
+def predicted_l():
+    """Section L as `exaplan validate --published` predicts it (held out, shipped figures)."""
+    return [r for r in validate_held_out() if r.section == "L"]
+
+
 def test_the_csv_is_the_source_tables_with_attribution():
     head = DATA.read_text().splitlines()[:3]
     assert any("github.com/mosaicml/llm-foundry" in line and "Apache" in line for line in head)
@@ -83,10 +89,10 @@ def test_held_out_summary_groups_every_row_by_table_and_sequence():
     json.dumps(out)
 
 
-def test_the_model_predicts_section_l_where_nothing_was_fitted():
+def test_the_model_predicts_section_l_where_nothing_was_fitted(predicted_l):
     """What `exaplan validate --published` reports for section L: every row predicted, and the
     typical row within 10% (the long-sequence H100 rows are the known weak spot)."""
-    rows = [r for r in validate_held_out() if r.section == "L"]
+    rows = predicted_l
     assert len(rows) == len(RUNS)
     errors = np.abs([r.error for r in rows])
     assert np.all(np.isfinite(errors))
@@ -104,7 +110,7 @@ def test_cli_summarises_section_l_and_lists_it_with_all_rows(capsys):
     assert "L-a100_40gb-" in out and "section L" in out
 
 
-def test_the_leave_one_out_intervals_cover_section_l_about_as_they_claim():
+def test_the_leave_one_out_intervals_cover_section_l_about_as_they_claim(predicted_l):
     """The intervals come from the 80th percentile of the fitted rows' leave-one-out errors
     (machine_models/uncertainty.py); on section L, which no fit saw, they should hold about
     80% of the published rates. 70% is the floor: below it the intervals claim too much."""
@@ -113,7 +119,7 @@ def test_the_leave_one_out_intervals_cover_section_l_about_as_they_claim():
 
     runs = {r.id: r for r in RUNS}
     inside = []
-    for row in (r for r in validate_held_out() if r.section == "L"):
+    for row in predicted_l:
         run = runs[row.id]
         u = uncertainty_of(load_machine(run.machine), run.job().framework).step_time
         inside.append(row.predicted / (1 + u) <= row.published <= row.predicted / (1 - u))
