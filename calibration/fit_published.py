@@ -234,6 +234,20 @@ def lower_bound(group: str, name: str) -> float:
     return BOUNDS[name][0] if floor is None else max(BOUNDS[name][0], floor)
 
 
+def at_bounds(fit: Fit, tol: float = 1e-3) -> dict[str, list[str]]:
+    """Device kind -> "figure at its floor/ceiling (value)" for each fitted figure that sits
+    on a bound of the fit: a figure there says what the rows asked for lies beyond what is
+    physical (or published), not that the figure is known."""
+    out: dict[str, list[str]] = {}
+    for kind, figures in fit.device.items():
+        for name, value in figures.items():
+            lo, hi = lower_bound(kind, name), BOUNDS[name][1]
+            side = "floor" if value <= lo * (1 + tol) else "ceiling" if value >= hi * (1 - tol) else None
+            if side:
+                out.setdefault(kind, []).append(f"{name} at its {side} ({value:.3g})")
+    return out
+
+
 def _to_x(name: str, value: float) -> float:
     # half_dim is fitted on a log scale (it spans two decades); the rest are linear.
     return math.log(value) if name == "half_dim" else value

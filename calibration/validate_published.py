@@ -336,7 +336,7 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True,
     if leave_one_out_errors:
         _add_leave_one_out(rows, runs)
     if write:
-        fit_files.write_fit(fit, fit_notes(rows), path)
+        fit_files.write_fit(fit, fit_notes(rows, cal.at_bounds(fit)), path)
         if leave_one_out_errors:
             profile = {r.id: r.profile for r in runs}
             held = {PROFILE_OF[fw]: [n for g, n in fit.held if g == fw] for fw, _ in fit.held}
@@ -344,9 +344,10 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True,
     return fit, rows
 
 
-def fit_notes(rows: list[ValidationRow]) -> dict[str, list[str]]:
+def fit_notes(rows: list[ValidationRow], bounds: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
     """The summaries a refit writes as comments: "" (the header) -> all rows, per framework
-    and per device kind; device kind -> its rows."""
+    and per device kind; device kind -> its rows, and its figures that sit on a bound of the
+    fit (`bounds`: calibration.fit_published.at_bounds)."""
     def line(rows_):
         med, worst = summary(rows_)
         loo = loo_summary(rows_)
@@ -357,5 +358,5 @@ def fit_notes(rows: list[ValidationRow]) -> dict[str, list[str]]:
     header += [f"  {name}: " + line(part) for name, part in {**_groups(rows, "framework"), **_groups(rows, "device")}.items()]
     notes = {"": header}
     for device, part in _groups(rows, "device").items():
-        notes[device] = [line(part) + "."]
+        notes[device] = [line(part) + "."] + [f"{text}." for text in (bounds or {}).get(device, [])]
     return notes

@@ -31,6 +31,7 @@ from machine_models import FRAMEWORKS_FILE, DEVICE_KINDS_FILE, list_machines, lo
 from calibration import fit_files, fit_published as cal
 from calibration.published import FRAMEWORKS, UNITS, held_out_runs, published_runs
 from calibration.validate_published import (
+    fit_notes,
     predict,
     published_json,
     render_published,
@@ -158,6 +159,24 @@ def test_h100_attention_is_held_at_or_above_its_published_kernel_rate(fit):
     for machine in (load_machine("dgx-h100"), cal.with_figures(load_machine("dgx-h100"), fit.figures(h100, "fsdp"))):
         rate = machine.attention_efficiency_factor * float(matmul_efficiency(machine, d))
         assert rate >= 0.28, rate
+
+
+def test_figures_on_a_bound_are_named_in_the_fit_notes():
+    """A figure the fit pushed onto a bound is not known, only limited: the refit says so in
+    device_kinds.yaml, next to the kind's summary (floor: the kind's own, where it has one)."""
+    h100, a100 = "NVIDIA H100 SXM5", "NVIDIA A100 SXM4"
+    inside = {"peak_fraction": 0.7, "half_dim": 250.0, "attention_efficiency_factor": 0.8, "elementwise_efficiency": 0.4}
+    fit = cal.Fit({h100: {**inside, "attention_efficiency_factor": cal.attention_floor(h100)},
+                   a100: {**inside, "attention_efficiency_factor": 1.0, "elementwise_efficiency": 0.15}}, {})
+    bounds = cal.at_bounds(fit)
+    assert bounds[h100] == [f"attention_efficiency_factor at its floor ({cal.attention_floor(h100):.3g})"]
+    assert sorted(bounds[a100]) == ["attention_efficiency_factor at its ceiling (1)", "elementwise_efficiency at its floor (0.15)"]
+    # 0.5 is above the generic floor (0.3) but below H100's own: only H100 is on a bound there.
+    assert cal.at_bounds(cal.Fit({h100: inside, a100: {**inside, "attention_efficiency_factor": 0.5}}, {})) == {}
+    rows = [r for r in validate_published() if r.device in (h100, a100)]
+    notes = fit_notes(rows, bounds)
+    assert notes[h100][1:] == [b + "." for b in bounds[h100]] and len(notes[a100]) == 3
+    assert fit_notes(rows)[h100] == notes[h100][:1]
 
 
 def test_frameworks_get_their_own_figures(fit):
