@@ -143,7 +143,11 @@ SOURCE_D = "IBM foundation-model-stack/fms-fsdp README, throughput table (128 A1
 NOTE_D = (
     "Tokens/s per GPU, 16 nodes x 8 A100 80GB, bf16, flash attention (SDPA). Hybrid shard = "
     "hsdp sharded inside the node (8) and replicated across nodes. Global batch not published: "
-    "no gradient accumulation assumed (global = micro-batch x 128)."
+    "no gradient accumulation assumed (global = micro-batch x 128). Gradients recorded as reduced in "
+    "fp32 (the FSDP profile's default), although fms-fsdp's default policy (mixed_precision: True -> "
+    "bfSixteen, fms_fsdp/policies) reduces them in bf16: recorded so, the FSDP fit puts these rows "
+    "+15-19% (7b, 13b) and section L's median 5.2% -> 6.7%, a cost of FSDP/HSDP the model lacks "
+    "(README, Status); the record waits for that term."
 )
 
 
