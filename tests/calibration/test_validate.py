@@ -171,7 +171,7 @@ def test_figures_on_a_bound_are_named_in_the_fit_notes():
     bounds = cal.at_bounds(fit)
     assert bounds[h100] == [f"attention_efficiency_factor at its floor ({cal.attention_floor(h100):.3g})"]
     assert sorted(bounds[a100]) == ["attention_efficiency_factor at its ceiling (1)", "elementwise_efficiency at its floor (0.15)"]
-    # 0.5 is above the generic floor (0.3) but below H100's own: only H100 is on a bound there.
+    # An A100 factor of 0.5 sits above its (generic) floor, 0.3, though below H100's own: no bound.
     assert cal.at_bounds(cal.Fit({h100: inside, a100: {**inside, "attention_efficiency_factor": 0.5}}, {})) == {}
     rows = [r for r in validate_published() if r.device in (h100, a100)]
     notes = fit_notes(rows, bounds)
