@@ -286,6 +286,22 @@ def test_predictions_come_from_the_model_not_a_table():
     assert predict(run, slower)[0] < base
 
 
+def test_section_d_runs_on_the_network_and_gradient_dtype_it_ran_with():
+    """fms-fsdp's table ran on 400 Gb/s per node between nodes (the same team's PyTorch blog)
+    with bf16 gradient reduction (its default policy): the preset and the record say so, and
+    HSDP's replica traffic is slower there than on a DGX A100's 8 x 200 Gb/s."""
+    run = next(r for r in published_runs() if r.id == "D-llama2-13b")
+    machine, dgx = load_machine(run.machine), load_machine("dgx-a100-80gb")
+    assert machine.nics_per_node * machine.nic_gbit_s == pytest.approx(400.0)
+    assert machine.device_name == dgx.device_name and machine.devices_per_node == 8
+    assert run.job().framework.grad_reduce_bytes == 2
+    figures = {"overlap_dp": dgx.overlap.dp}
+    on_ibm = predict(run, cal.with_figures(machine, figures))[1]
+    on_dgx = predict(run, cal.with_figures(dgx, figures))[1]
+    assert on_ibm.dp_s[0] > 1.5 * on_dgx.dp_s[0]
+    assert on_ibm.compute_s[0] == pytest.approx(on_dgx.compute_s[0])
+
+
 def test_leave_one_out_of_one_row():
     (value,) = cal.leave_one_out(ids=["D-llama2-70b"], workers=1).values()
     assert math.isfinite(value) and value > 0
