@@ -102,6 +102,11 @@ FIRST_GUESSES = {
     # MI250X: the first guesses of device_kinds.yaml (fitted since section I's LUMI rows).
     "AMD MI250X GCD": {"peak_fraction": 0.6, "half_dim": 300.0, "attention_efficiency_factor": 0.5,
                        "elementwise_efficiency": 0.35},
+    # Max 1550: the first guesses of device_kinds.yaml before section K was fitted (a kind
+    # without an entry here would start from, and be pulled towards, whatever the last refit
+    # wrote: a fit that depends on its own history).
+    "Intel Max 1550 tile": {"peak_fraction": 0.55, "half_dim": 300.0, "attention_efficiency_factor": 0.5,
+                            "elementwise_efficiency": 0.35},
 }
 FRAMEWORK_FIRST_GUESSES = {fw: {"overlap_dp": 0.9, "step_overhead_s": 0.0} for fw in FRAMEWORKS}
 # DeepSpeed's engine hides little: ZeRO-1/2's overlap_comm is off by default and the pipeline
@@ -114,7 +119,7 @@ FRAMEWORK_FIRST_GUESSES["deepspeed"] = {"overlap_dp": 0.5, "step_overhead_s": 0.
 # is held at its first guess (`_Problem.held`). The fixed cost per step cannot be told from
 # 31-350 s pipelined steps (the LUMI rows: 1 s is at most 3.2% of the shortest), and a fit
 # would let it soak up their other residuals (it went to 0.73 s, a third of the seed paper's
-# steps).
+# steps); DeepSpeed's figures were held so until the Max 1550 rows (2 s steps) joined the fit.
 IDENTIFIABLE = 0.05
 # The framework whose figures the shipped machine models carry: exaplan's runtime (torch
 # FSDP2 / DDP) is an FSDP framework.

@@ -4,12 +4,13 @@ conventions: calibration/published_schema.py).
     published_runs()   the calibration set: sections A-D here (Megatron-LM README, Korthikanti
                        et al. 2022, llm-foundry H100, fms-fsdp A100) and the fitted section of
                        calibration/published_extra.py (H: llm-foundry A100) and of
-                       calibration/published_seed_hw.py (I: Megatron-DeepSpeed on LUMI's MI250X);
+                       calibration/published_seed_hw.py (I: Megatron-DeepSpeed on LUMI's MI250X;
+                       K: Megatron-DeepSpeed on Aurora's Max 1550);
                        `exaplan validate --published` fits and predicts them
     held_out_runs()    published rows never fitted, only predicted (F: torchtitan on H100s,
                        G: BLOOM-176B with Megatron-DeepSpeed, on hardware that the machine
-                       presets only stand in for; the Frontier torchtitan row of I, J and K:
-                       GH200 and Max 1550 rows of calibration/published_seed_hw.py; L: the
+                       presets only stand in for; the Frontier torchtitan row of I and J's
+                       GH200 rows, calibration/published_seed_hw.py; L: the
                        rest of llm-foundry's benchmark tables, calibration/published_foundry.py)
 """
 
