@@ -149,9 +149,12 @@ def _section_h() -> list[dict[str, Any]]:
             framework="fsdp", gpus=gpus,
             layout=PublishedLayout(dp=gpus, sharding=Sharding.fsdp, micro_batch=mbs, global_batch=gpus * mbs * gas,
                                    recompute=Recompute.full if ckpt else Recompute.none),
-            figure=float(tps), kind="tokens_per_s_per_gpu", assumed=["flash_attention_v1"], fused_loss=True,
+            figure=float(tps), kind="tokens_per_s_per_gpu",
+            assumed=["flash_attention_v1"] + (["recompute_early_stop"] if ckpt else []), fused_loss=True,
             flash_attention_v1=True,
             grad_reduce_bf16=name == "mpt-70b",  # the table's PURE mixed precision: bf16 reduction
+            # PURE rows: the May 2023 campaign, whole blocks replayed (calibration/published_foundry.py)
+            recompute_early_stop=False if name == "mpt-70b" else None,
             note=NOTE_H + f" Published MFU {mfu:.2%}, sequence {seq}.",
         ))
     return runs

@@ -15,7 +15,8 @@ What the rows share (llm-foundry's benchmark setup, scripts/train/benchmarking/s
 and the MPT yamls of scripts/train/yamls/pretrain/): MPT (4d GELU MLP, LayerNorm, vocabulary
 50368, tied embeddings, learned position embeddings, which change no FLOP count),
 FlashAttention (attn_impl flash: flash-attn 1.x, below), PyTorch FSDP with FULL_SHARD or SHARD_GRAD_OP over all GPUs,
-activation checkpointing of every block when the table says so (full recompute).
+activation checkpointing of every block when the table says so (full recompute; whether the
+replay stopped before each block's last GEMM depends on the torch the row ran: EARLY_STOP below).
 Mixed precision: `amp_bf16` with FSDP's DEFAULT policy reduces gradients in fp32 (the
 exaplan profile's fp32 reduction); `bf16` with PURE keeps parameters, gradients and their
 reduction in bf16 (recorded as `grad_reduce_bf16`). The machines: H100 rows on dgx-h100
@@ -58,6 +59,18 @@ MPT_SHAPES = {
 # FlashAttention-2 was the opt-in `gpu-flash2` extra). The 40GB table predates
 # FlashAttention-2's release (July 2023); for the later ones the default is assumed.
 KERNEL = "flash_attention_v1"
+# Full recompute: the benchmark script sets activation_checkpointing_reentrant False (torch's
+# non-reentrant checkpoint_wrapper), whose replay stops before each block's last GEMM since
+# torch 2.1 (October 2023; planner/cost/compute.py layer_times). Which torch a row ran is not
+# printed; its precision columns date it. `bf16` with `PURE` were the script's defaults in May
+# 2023 (submit_benchmarks.py: --precisions bf16, --fsdp_config_mixed_precision PURE, image
+# mosaicml/pytorch:1.13.1): the whole 40GB table and the 80GB table's two 70b rows, taken as
+# replaying whole blocks (recompute_early_stop False). The `amp_bf16` / `DEFAULT` rows (every
+# other) are taken as measured on torch 2.1 or later (the profile's early stop). Both assumed;
+# the data agree: in the amp_bf16 tables the rows with recompute run faster against the rows
+# without than a whole replay allows (13b on A100 80GB: 59.5% MFU at sequence 1024 with
+# recompute, 59.6% at 2048 without), in the 40GB table they do not.
+EARLY_STOP = "recompute_early_stop"
 TABLES = {
     "h100_bf16_large": ("dgx-h100", ["machine", KERNEL]),
     "h100_bf16": ("dgx-h100", ["machine", KERNEL]),
@@ -91,15 +104,16 @@ def _run(row: dict[str, str], index: int) -> PublishedRun:
     seq, gpus = int(row["seq"]), int(row["gpus"])
     machine, assumed = TABLES[table]
     pure = row["mp_mode"] == "PURE"
+    recompute = row["activation_checkpointing"] == "True"
     return PublishedRun(
         id=f"L-{table}-{size}-s{seq}-g{gpus}" + (f"-{index}" if index else ""), section="L", source=SOURCE_L,
         model=_model(size, seq), machine=machine, framework="fsdp", gpus=gpus,
         layout=PublishedLayout(dp=gpus, sharding=SHARDINGS[row["sharding"]], micro_batch=int(row["micro_batch"]),
                                global_batch=int(row["global_batch"]),
-                               recompute=Recompute.full if row["activation_checkpointing"] == "True" else Recompute.none),
+                               recompute=Recompute.full if recompute else Recompute.none),
         figure=float(row["tokens_per_s_per_gpu"]), kind="tokens_per_s_per_gpu", grad_reduce_bf16=pure, fused_loss=True,
-        flash_attention_v1=True,
-        assumed=list(assumed),
+        flash_attention_v1=True, recompute_early_stop=False if pure else None,
+        assumed=list(assumed) + ([EARLY_STOP] if recompute else []),
         note=NOTE_L + f" Table {table}; published MFU {row['mfu']}%, precision {row['precision']} ({row['mp_mode']}).",
     )
 

@@ -130,6 +130,8 @@ class PublishedRun(Spec):
     grad_reduce_bf16: bool = Field(False, description="Gradients reduced in bf16 (FSDP's PURE mixed precision) instead of the profile's dtype.")
     flash_attention_v1: bool = Field(False, description="The fused attention kernel is flash-attn 1.x, about half FlashAttention-2's speed "
                                                         "(Dao 2023): the job's attention_kernel_speed 0.5.")
+    recompute_early_stop: bool | None = Field(None, description="Full recompute stops before each block's last GEMM (torch's non-reentrant checkpoint "
+                                                               "since 2.1): set where the run's software differs from its profile's; None: the profile's.")
     fused_loss: bool = Field(False, description="The loss is one fused kernel over 16-bit logits (flash-attn's cross_entropy, llm-foundry's default): "
                                                 "its memory (planner/cost/memory.py) and traffic (planner/cost/compute.py) per logit.")
     figure: float = Field(gt=0, description="The published number, in the unit of `kind` (MFU as a fraction).")
@@ -164,6 +166,7 @@ class PublishedRun(Spec):
             "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0,
             **({"grad_reduce_dtype": "bf16"} if self.grad_reduce_bf16 else {}),
             **({"attention_kernel_speed": FLASH_V1_SPEED} if self.flash_attention_v1 else {}),
+            **({} if self.recompute_early_stop is None else {"recompute_early_stop": self.recompute_early_stop}),
             **({"loss_bytes_per_logit": LOSS_BYTES_PER_LOGIT["fused"],
                 "loss_traffic_bytes_per_logit": FUSED_LOSS_TRAFFIC_BYTES_PER_LOGIT} if self.fused_loss else {})})
         return TrainingJob(global_batch=self.layout.global_batch, seq_len=self.model.seq_len, precision=self.precision,

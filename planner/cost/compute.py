@@ -156,15 +156,35 @@ def elementwise_time(machine: MachineModel, nbytes) -> np.ndarray:
     return np.asarray(nbytes, dtype=np.float64) / (machine.memory_bandwidth_gbyte_s * 1e9 * machine.elementwise_efficiency)
 
 
+def recompute_early_stop(job: TrainingJob) -> bool:
+    """Whether the framework's full recompute stops before each block's last GEMM (its
+    profile's recompute_early_stop; False without a profile)."""
+    return bool(getattr(getattr(job, "framework", None), "recompute_early_stop", False))
+
+
+def last_gemm_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Forward of a block's last GEMM, the MLP down projection, for one micro-batch."""
+    return gemm_time(machine, job, tokens_per_microbatch(job, lay), model.hidden, model.ffn_hidden / lay.tp)
+
+
 def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray]:
     """(forward_s, forward+backward+recompute_s) of one block for one micro-batch: GEMMs and
     elementwise work 3 x forward, the attention core 1 + attention_backward_ratio; full
-    recompute repeats the forward, selective the attention core's."""
+    recompute repeats the forward, selective the attention core's.
+
+    Early stop (recompute_early_stop: torch's non-reentrant checkpoint since 2.1, PyTorch
+    PRs #90105 and #96866): the replay of a checkpointed block raises as soon as the last
+    tensor backward needs is saved. Autograd saves an op's inputs before running it, so the
+    replay ends when the down projection saves its input, before that GEMM runs: it and the
+    residual add after it are never recomputed (a third of a GELU block's dense forward, 2/7 of
+    a SwiGLU one's at f = 8h/3). Measured on the runtime's block: tests/runtime/
+    test_recompute_cost.py."""
     attn = attention_core_time(model, machine, job, lay)
     dense = dense_time(model, machine, job, lay)
     elem = elementwise_time(machine, elementwise_bytes(model, machine, job, lay))
     forward = attn + dense + elem
-    recompute = np.where(lay.recompute == RC_FULL, forward, np.where(lay.recompute == RC_SELECTIVE, attn, 0.0))
+    full = forward - last_gemm_time(model, machine, job, lay) if recompute_early_stop(job) else forward
+    recompute = np.where(lay.recompute == RC_FULL, full, np.where(lay.recompute == RC_SELECTIVE, attn, 0.0))
     return forward, 3.0 * (dense + elem) + (1.0 + attention_backward_ratio(machine)) * attn + recompute
 
 

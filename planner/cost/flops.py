@@ -112,22 +112,24 @@ def step_flops(m: ModelSpec, job) -> dict[str, float]:
     }
 
 
-def recompute_flops_per_token(m: ModelSpec, seq_len: int, recompute) -> np.ndarray:
-    """FLOPs repeated in backward: full = every block's forward again; selective = the
+def recompute_flops_per_token(m: ModelSpec, seq_len: int, recompute, early_stop: bool = False) -> np.ndarray:
+    """FLOPs repeated in backward: full = every block's forward again (with early_stop, less
+    its last GEMM, the down projection: planner/cost/compute.py layer_times); selective = the
     attention core only (Korthikanti et al. 2022, section 5)."""
     from planner.cost.layout import RC_FULL, RC_SELECTIVE
 
     rc = np.asarray(recompute)
+    full = layer_forward_flops(m, seq_len) - (2.0 * m.hidden * m.ffn_hidden if early_stop else 0.0)
     per_layer = np.where(
         rc == RC_FULL,
-        layer_forward_flops(m, seq_len),
+        full,
         np.where(rc == RC_SELECTIVE, attention_core_flops(m, seq_len), 0.0),
     )
     return m.layers * per_layer
 
 
-def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute) -> np.ndarray:
-    return model_flops_per_token(m, seq_len) + recompute_flops_per_token(m, seq_len, recompute)
+def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute, early_stop: bool = False) -> np.ndarray:
+    return model_flops_per_token(m, seq_len) + recompute_flops_per_token(m, seq_len, recompute, early_stop)
 
 
 def megatron_flops_per_token(m: ModelSpec, seq_len: int, full_recompute: bool = False) -> float:

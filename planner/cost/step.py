@@ -127,9 +127,12 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     T = u.mbs * job.seq_len / u.cp
     M_act = T * model.hidden * B
     # Tensor parallel: per block 2 collectives forward, 2 backward (+2 when recomputed);
-    # with sequence parallelism each is a reduce-scatter + all-gather pair.
+    # with sequence parallelism each is a reduce-scatter + all-gather pair. A recompute that
+    # stops early (compute.layer_times) skips the one after the down projection: its
+    # allreduce, or its pair's reduce-scatter.
     pl_tp = comm.place(t, 1, tiers)
-    calls = np.where(t > 1, blocks_on_rank * (4 + np.where(u.recompute == RC_FULL, 2, 0)) * (1 - ov.tp), 0.0)
+    replay = np.where(u.sp == 1, 1.5, 1.0) if compute.recompute_early_stop(job) else 2.0
+    calls = np.where(t > 1, blocks_on_rank * (4 + np.where(u.recompute == RC_FULL, replay, 0)) * (1 - ov.tp), 0.0)
     ar_codes, rsag_codes = algos
     tp_mb = {}
     for a in sorted(set(ar_codes) | set(rsag_codes)):
@@ -324,7 +327,8 @@ def _evaluation(model: ModelSpec, machine: MachineModel, job: TrainingJob, space
     # forward over both sequences of every pair); flops.dpo_policy_flops gives 6 N tokens.
     ref_fl = flops.reference_flops_per_token(model, job.seq_len) if job.reference_in_step else 0.0
     model_fl = (flops.model_flops_per_token(model, job.seq_len) + ref_fl) * tokens
-    hw_fl = (flops.hardware_flops_per_token(model, job.seq_len, units.recompute)[u] + ref_fl) * tokens
+    hw_fl = (flops.hardware_flops_per_token(model, job.seq_len, units.recompute, compute.recompute_early_stop(job))[u]
+             + ref_fl) * tokens
     tps = tokens / step_time
     model_tf = model_fl / step_time / world / 1e12
     work_mb = R.base_u[u] + best["tp_mb"]

@@ -22,7 +22,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from planner.schema.errors import PlanError, format_validation_error
 from planner.schema.launch import env_problems
 from planner.schema.specs import (  # noqa: F401 - the layout enums are part of the plan's API
-    Algorithm, Fraction, MachineModel, ModelSpec, PosInt, Precision, Recompute, Schedule, Sharding, Spec, TrainingJob,
+    Algorithm, Fraction, FrameworkProfile, MachineModel, ModelSpec, PosInt, Precision, Recompute, Schedule, Sharding, Spec,
+    TrainingJob,
 )
 
 SCHEMA_VERSION = 2
@@ -345,10 +346,16 @@ def _pipeline_problems(plan: Plan) -> list[str]:
 
 # Fields added after plans were committed, with the value every earlier plan had: left out of
 # the file and of the content hash while they hold it, so that earlier plans keep their hash
-# and a plan made as before is written byte for byte as before.
+# and a plan made as before is written byte for byte as before. Where the schema's default
+# differs from that value (recompute_early_stop: plans made before it was modelled charged a
+# whole replay), load_plan fills it in for a file that lacks the field (_EARLIER_VALUES).
 _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "precisions": [p.value for p in Precision],
                        "cpu_figures": {}, "loss_traffic_bytes_per_logit": None,
-                       "attention_kernel_speed": 1.0}
+                       "attention_kernel_speed": 1.0, "recompute_early_stop": False}
+
+
+_EARLIER_VALUES = {name: value for name, value in _FRAMEWORK_DEFAULTS.items()
+                   if FrameworkProfile.model_fields[name].default != value}
 
 
 def _body(plan: Plan, for_hash: bool = False) -> dict:
@@ -430,6 +437,10 @@ def load_plan(path: str | Path) -> Plan:
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise PlanError(_version_message(version, data), field=str(path))
+    framework = (data.get("job") or {}).get("framework") if isinstance(data.get("job"), dict) else None
+    if isinstance(framework, dict):
+        for name, value in _EARLIER_VALUES.items():
+            framework.setdefault(name, value)
     try:
         plan = Plan.model_validate(data)
     except ValidationError as e:

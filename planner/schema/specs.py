@@ -323,6 +323,11 @@ class FrameworkProfile(Spec):
     attention_kernel_speed: Annotated[float, Field(gt=0, le=4)] = Field(
         1.0, description="Speed of the framework's fused attention kernel relative to FlashAttention-2, the kernel "
                          "the device kinds' attention_efficiency_factor describes (flash-attn 1.x: 0.5, Dao 2023).")
+    recompute_early_stop: bool = Field(
+        True, description="Full recompute stops once backward has every tensor it needs, before each block's last "
+                           "GEMM (the MLP down projection): torch.utils.checkpoint non-reentrant since torch 2.1 "
+                           "(planner/cost/compute.py layer_times). False: the whole block's forward is recomputed "
+                           "(reentrant checkpointing: Megatron-LM, DeepSpeed; torch before 2.1).")
     loss_traffic_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] | None = Field(
         None, description="Bytes the loss moves per logit, forward and backward (planner/cost/compute.py head_time); "
                           "None: 48, twelve fp32 passes (torch's eager or Megatron's vocab-parallel cross-entropy); "

@@ -137,3 +137,15 @@ def test_the_leave_one_out_intervals_cover_section_l_about_as_they_claim(predict
         inside.append(row.predicted / (1 + u) <= row.published <= row.predicted / (1 - u))
     assert len(inside) == len(RUNS)
     assert np.mean(inside) >= 0.70
+
+
+def test_recompute_replays_follow_the_rows_campaign():
+    """llm-foundry's rows with recompute replay whole blocks where they were measured in May 2023
+    (bf16 PURE: torch 1.13) and stop before the last GEMM otherwise (torch 2.1+: the profile's
+    early stop); either way the choice is listed as assumed."""
+    runs = foundry_runs()
+    for run in runs:
+        pure = "(PURE)" in run.note
+        assert run.job().framework.recompute_early_stop is (not pure), run.id
+        assert ("recompute_early_stop" in run.assumed) is (run.layout.recompute.value == "full"), run.id
+    assert {foundry_table(r) for r in runs if "(PURE)" in r.note} == {"a100_40gb"}

@@ -365,3 +365,13 @@ def test_render_and_json():
     assert data["rows"][0]["id"] == rows[0].id and data["rows"][0]["framework"] == "megatron"
     assert set(data["by_framework"]) == {r.framework for r in rows}
     assert sum(part["rows"] for part in data["by_device"].values()) == len(rows)
+
+
+def test_llm_foundry_rows_replay_as_their_campaign_did():
+    """The fitted llm-foundry rows (C, H) stop the recompute's replay early (torch 2.1+) except
+    the two A100 70b rows, which share the May 2023 campaign's bf16 PURE settings (torch 1.13:
+    a whole replay; calibration/published_foundry.py)."""
+    rows = [r for r in published_runs() if r.section in "CH"]
+    whole = {r.id for r in rows if not r.job().framework.recompute_early_stop}
+    assert whole == {"H-mpt-70b-s2048-g64", "H-mpt-70b-s2048-g32"}
+    assert all(r.grad_reduce_bf16 for r in rows if r.id in whole)

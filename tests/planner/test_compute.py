@@ -38,11 +38,13 @@ def test_flash_backward_recomputes_the_scores():
     attn, dense, elem, f, fb = parts(H100, lay)
     assert f == pytest.approx(attn + dense + elem, **EXACT)
     assert fb == pytest.approx(3 * (dense + elem) + 3.5 * attn, **EXACT)
-    # Selective recompute repeats the attention core's forward; full recompute the whole forward.
+    # Selective recompute repeats the attention core's forward; full recompute the whole forward
+    # but its last GEMM (the default profile's replay stops early, as torch's does).
     _, _, _, _, fb_sel = parts(H100, Layouts.one(dp=8, mbs=1, recompute="selective"))
     _, _, _, _, fb_full = parts(H100, Layouts.one(dp=8, mbs=1, recompute="full"))
     assert fb_sel - fb == pytest.approx(attn, **EXACT)
-    assert fb_full - fb == pytest.approx(f, **EXACT)
+    down = float(compute.last_gemm_time(MODEL, H100, job(), Layouts.one(dp=8, mbs=1))[0])
+    assert fb_full - fb == pytest.approx(f - down, **EXACT)
 
 
 def test_unfused_attention_backward_is_twice_its_forward():
@@ -198,3 +200,23 @@ def test_fused_loss_moves_six_bytes_a_logit():
     saved = (48 - 6) * T * V / (H100.memory_bandwidth_gbyte_s * 1e9 * H100.elementwise_efficiency)
     default, cheap = (float(compute.head_time(MODEL, H100, jj, lay)[0]) for jj in (j, fused))
     assert default - cheap == pytest.approx(saved, rel=1e-9)
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_early_stop_leaves_the_down_projection_out_of_full_recompute_only(tp):
+    """recompute_early_stop (torch's non-reentrant checkpoint since 2.1) takes the block's
+    last GEMM, the down projection at its tensor-parallel size, out of a full recompute's
+    replay; a block without recompute or with selective recompute costs the same."""
+    from planner.schema.specs import FrameworkProfile
+
+    j = job()
+    stops = j.model_copy(update={"framework": FrameworkProfile(recompute_early_stop=True)})
+    whole = j.model_copy(update={"framework": FrameworkProfile(recompute_early_stop=False)})
+    down = compute.gemm_time(H100, j, 4096.0, MODEL.hidden, MODEL.ffn_hidden / tp)
+    for recompute in ("none", "selective", "full"):
+        lay = Layouts.one(dp=8, tp=tp, mbs=1, recompute=recompute)
+        saved = float(compute.layer_times(MODEL, H100, whole, lay)[1][0] - compute.layer_times(MODEL, H100, stops, lay)[1][0])
+        expected = float(down) if recompute == "full" else 0.0
+        assert saved == pytest.approx(expected, rel=1e-9, abs=1e-15)
+        # the forward itself is unchanged
+        assert float(compute.layer_times(MODEL, H100, whole, lay)[0][0]) == float(compute.layer_times(MODEL, H100, stops, lay)[0][0])

@@ -142,3 +142,12 @@ def test_recompute_hardware_flops_exceed_model_flops(name):
     assert hw[2] - model == pytest.approx(m.layers * flops.layer_forward_flops(m, s), rel=1e-12)
     # Full recompute: blocks cost 4 forwards instead of 3 -> ratio just under 4/3.
     assert 1.3 < hw[2] / model < 4 / 3
+
+
+def test_early_stop_takes_the_down_projection_out_of_full_recompute_flops():
+    from planner.cost.layout import RC_FULL, RC_NONE, RC_SELECTIVE
+
+    m, s = get_model("protein-3.5b"), 512
+    rc = np.array([RC_NONE, RC_SELECTIVE, RC_FULL])
+    saved = flops.hardware_flops_per_token(m, s, rc) - flops.hardware_flops_per_token(m, s, rc, early_stop=True)
+    assert list(saved) == [0.0, 0.0, 2.0 * m.hidden * m.ffn_hidden * m.layers]

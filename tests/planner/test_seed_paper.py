@@ -7,7 +7,7 @@ rate (Table 3).
 Since the Max 1550 rows (section K) are fitted, DeepSpeed's overlap and per-step cost are
 fitted too and its intervals are leave-one-out ones (about +/-5-11%) instead of the unfitted
 +/-30%. Aurora (fitted on 2-node runs of another shape) and Alps (GH200 borrows the H100 fit:
-+/-30%) hold; Frontier (+28%) and PDX (+15%) fall outside: the model is too fast for the
++/-30%) hold; Frontier (+28%) and PDX (+19%) fall outside: the model is too fast for the
 paper's runs there. Those two are strict expected failures, so a change that brings them into
 their intervals shows up (README, "The seed paper on its own machines")."""
 
