@@ -437,7 +437,8 @@ def load_plan(path: str | Path) -> Plan:
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise PlanError(_version_message(version, data), field=str(path))
-    framework = (data.get("job") or {}).get("framework") if isinstance(data.get("job"), dict) else None
+    job = data.get("job")
+    framework = job.get("framework") if isinstance(job, dict) else None
     if isinstance(framework, dict):
         for name, value in _EARLIER_VALUES.items():
             framework.setdefault(name, value)
