@@ -141,6 +141,7 @@ def _section_h() -> list[dict[str, Any]]:
     ]
     runs = []
     for name, layers, d, heads, seq, gpus, mbs, gas, ckpt, mfu, tps in table:
+        pure = name == "mpt-70b"  # the table's bf16 PURE rows (the May 2023 campaign)
         model = mpt_model(name, layers, d, heads)
         if seq != model.seq_len:
             model = ModelSpec.model_validate({**model.model_dump(), "seq_len": seq})
@@ -152,9 +153,9 @@ def _section_h() -> list[dict[str, Any]]:
             figure=float(tps), kind="tokens_per_s_per_gpu",
             assumed=["flash_attention_v1"] + (["recompute_early_stop"] if ckpt else []), fused_loss=True,
             flash_attention_v1=True,
-            grad_reduce_bf16=name == "mpt-70b",  # the table's PURE mixed precision: bf16 reduction
-            # PURE rows: the May 2023 campaign, whole blocks replayed (calibration/published_foundry.py)
-            recompute_early_stop=False if name == "mpt-70b" else None,
+            grad_reduce_bf16=pure,  # PURE mixed precision: bf16 reduction
+            # and torch 1.13: whole blocks replayed (calibration/published_foundry.py)
+            recompute_early_stop=False if pure else None,
             note=NOTE_H + f" Published MFU {mfu:.2%}, sequence {seq}.",
         ))
     return runs
