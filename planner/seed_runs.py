@@ -1,15 +1,27 @@
 """The seed paper's runs (MProt-DPO, Dharuman et al., SC24): each system at the scale it
-reached, with the layout its launch scripts used (data parallelism + ZeRO-1, micro-batch 8 for
-the 3.5B model, sequence 512, no model parallelism, Megatron-DeepSpeed) and the sustained rate
-it published (Table 3: sustained mixed-precision FLOP/s over whole iterations, communication
-and I/O included, counted with DeepSpeed's FLOP profiler; Leonardo is not in the table).
+reached, with the layout and step its launch scripts ran (Megatron-DeepSpeed, data parallelism
++ ZeRO-1, no model parallelism, protein-3.5b at sequence 512) and the sustained rate it
+published (Table 3: sustained mixed-precision FLOP/s over whole iterations, communication and
+I/O included, counted with DeepSpeed's FLOP profiler; Leonardo is not in the table).
 
-What the paper does not give: the global batch (so the accumulation steps) and whether the
-FLOP count includes the DPO reference model's forward passes. exaplan compares like with
-like: the model FLOPs of a pretraining step as the trainer executes them (forward + backward,
-no recompute), at SEED_ACCUMULATION micro-batches per step on every machine (the README
-argues the choice; tests/planner/test_seed_paper.py checks it). Used by the demo, the example
-plans and the seed tests."""
+The step, from the authors' public scripts (ramanathanlab/Megatron-DeepSpeed, August 2024:
+dpo_training.py, run by run_alcf_scaling_3p5B.sh on Aurora; dpo_training_ref.py, run by
+run_dgxcluster_scaling_3p5B.sh on a DGX H100 cluster): every micro-step concatenates
+`--micro-batch-size` (8) chosen and 8 rejected sequences into one policy forward of 16
+sequences, runs the frozen reference model's forward over the same 16 under no_grad, and
+backpropagates the DPO loss through the policy; DeepSpeed's engine applies the optimizer every
+`gradient_accumulation_steps` (8) micro-steps. That is exaplan's dpo workload with the
+reference in the step and a micro-batch of 8 pairs.
+
+The FLOP count (SEED_FLOP_COUNT): the policy's model FLOPs (forward + backward, no recompute)
+over the whole iteration's time, the reference model's forward timed but not counted. The
+paper does not say; its count comes from DeepSpeed's FLOP profiler, which each engine runs on
+its own forward at `profile_step` (1 in the scripts' ds_configs/3p5B.json) of its own
+global_steps, which only step() advances: the policy's engine steps, the reference's (built
+by a second deepspeed.initialize, never stepped) never reaches step 1, so its forward is never
+profiled. Counting it too (`rate_with_reference`) would raise every prediction by a third of
+the policy's own count. The README sets both counts, and the pretraining step of the earlier
+convention, beside the published rates."""
 
 from __future__ import annotations
 
@@ -18,9 +30,13 @@ from dataclasses import dataclass
 # Micro-batches per optimizer step assumed for the paper's runs (not published in the paper):
 # the paper's own public Aurora scaling config accumulates 8 (ramanathanlab/Megatron-DeepSpeed,
 # ds_configs/3p5B.json: gradient_accumulation_steps 8), taken for every machine. It is read
-# from the authors' scripts, not chosen to fit the published rates (any count from 2 to 8
-# puts all four in their intervals; 1 and 16 do not).
+# from the authors' scripts, not chosen to fit the published rates (at 4 to 16 the same three
+# machines lie in their intervals as at 8; at 1 only Alps; Aurora at none of 1-16).
 SEED_ACCUMULATION = 8
+
+# What the published rate counts, as a key of planner.cost.flops.step_flops: "policy" (the
+# policy's model FLOPs only; see the docstring), not "executed" (the reference's forward too).
+SEED_FLOP_COUNT = "policy"
 
 
 @dataclass(frozen=True)
@@ -29,8 +45,9 @@ class SeedRun:
     nodes: int
     published_tflops_per_rank: float | None = None  # MProt-DPO Table 3, sustained, per rank
     model: str = "protein-3.5b"
-    micro_batch: int = 8
+    micro_batch: int = 8  # pairs per micro-step (--micro-batch-size: 8 chosen + 8 rejected sequences)
     framework: str = "deepspeed"
+    workload: str = "dpo"  # the reference model's forward runs in every micro-step
 
 
 SEED_RUNS = (

@@ -324,7 +324,7 @@ def _evaluation(model: ModelSpec, machine: MachineModel, job: TrainingJob, space
     tokens = job.tokens_per_step
     world = units.world[u].astype(np.float64)
     # Model FLOPs as the trainer executes them (dpo: the policy's passes and the reference's
-    # forward over both sequences of every pair); flops.dpo_policy_flops gives 6 N tokens.
+    # forward over both sequences of every pair); flops.step_flops also gives the policy alone and 6 N.
     ref_fl = flops.reference_flops_per_token(model, job.seq_len) if job.reference_in_step else 0.0
     model_fl = (flops.model_flops_per_token(model, job.seq_len) + ref_fl) * tokens
     hw_fl = (flops.hardware_flops_per_token(model, job.seq_len, units.recompute, compute.recompute_early_stop(job))[u]

@@ -1,48 +1,63 @@
 """The seed paper (MProt-DPO, SC24) on its own machines, as a check the model was never fitted
-to: with the paper's layout (Megatron-DeepSpeed, data parallel + ZeRO-1, micro-batch 8,
-sequence 512, SEED_ACCUMULATION micro-batches per step: planner/seed_runs.py), the predicted
-model TFLOP/s per rank lies within the prediction's interval of the published sustained
-rate (Table 3).
+to: with the paper's layout and step (Megatron-DeepSpeed, data parallel + ZeRO-1, DPO with the
+reference model's forward in every micro-step, 8 pairs = 16 sequences per micro-step, sequence
+512, SEED_ACCUMULATION micro-steps per optimizer step: planner/seed_runs.py), the predicted
+TFLOP/s per rank, counted as SEED_FLOP_COUNT says (the policy's FLOPs over the whole step's
+time), lies within the prediction's interval of the published sustained rate (Table 3).
 
-Since the Max 1550 rows (section K) are fitted, DeepSpeed's overlap and per-step cost are
-fitted too and its intervals are leave-one-out ones (about +/-5-11%) instead of the unfitted
-+/-30%. Aurora (fitted on 2-node runs of another shape) and Alps (GH200 borrows the H100 fit:
-+/-30%) hold; Frontier (+28%) and PDX (+19%) fall outside: the model is too fast for the
-paper's runs there. Those two are strict expected failures, so a change that brings them into
-their intervals shows up (README, "The seed paper on its own machines")."""
+Alps (GH200 borrows the H100 fit: +/-30%), Frontier and PDX hold; Aurora does not (the model
+15% too slow there, with Max 1550 figures fitted to 2-node runs of another shape): a strict
+expected failure, so a change that brings it into its interval shows up (README, "The seed
+paper on its own machines")."""
 
 from __future__ import annotations
 
 import pytest
 
+from machine_models import load_machine
+from planner.cost import flops
 from planner.demo import paper_prediction
+from planner.presets import get_model
 from planner.seed_runs import SEED_RUNS
 
 PUBLISHED = [r for r in SEED_RUNS if r.published_tflops_per_rank is not None]
-# Outside their leave-one-out intervals (see the module docstring): the model too fast.
-TOO_FAST = {"frontier", "pdx"}
-CASES = [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason="model too fast for the paper's runs here"))
-         if r.machine in TOO_FAST else r for r in PUBLISHED]
+# Outside its leave-one-out interval (see the module docstring): the model too slow.
+TOO_SLOW = {"aurora"}
+CASES = [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason="model too slow for the paper's run here"))
+         if r.machine in TOO_SLOW else r for r in PUBLISHED]
 
 
 @pytest.mark.parametrize("run", CASES, ids=[r.machine for r in PUBLISHED])
 def test_published_rate_within_the_interval(run):
-    ev, u = paper_prediction(run)
-    rate = float(ev.model_tflops_per_device[0])
-    lo, hi = u.rate_interval(rate)
-    assert ev.memory.fits[0]
+    p = paper_prediction(run)
+    lo, hi = p.interval
+    assert p.evaluation.memory.fits[0]
     assert lo <= run.published_tflops_per_rank <= hi, (
-        f"{run.machine}: predicted {rate:.1f} TFLOP/s per rank ({lo:.1f}-{hi:.1f}, +/-{u.step_time:.0%} in step time: "
-        f"{u.basis}), published {run.published_tflops_per_rank:g}")
+        f"{run.machine}: predicted {p.rate:.1f} TFLOP/s per rank ({lo:.1f}-{hi:.1f}, +/-{p.uncertainty.step_time:.0%} "
+        f"in step time: {p.uncertainty.basis}), published {run.published_tflops_per_rank:g}")
 
 
 def test_the_table_has_the_four_machines():
     assert {r.machine for r in PUBLISHED} == {"aurora", "alps", "frontier", "pdx"}
 
 
-@pytest.mark.parametrize("run", [r for r in PUBLISHED if r.machine in TOO_FAST], ids=sorted(TOO_FAST))
-def test_where_it_misses_the_model_is_too_fast_by_at_most_a_third(run):
-    """The known misses stay bounded: too fast, by less than a third."""
-    ev, _ = paper_prediction(run)
-    rate = float(ev.model_tflops_per_device[0])
-    assert run.published_tflops_per_rank < rate < 1.33 * run.published_tflops_per_rank
+@pytest.mark.parametrize("run", [r for r in PUBLISHED if r.machine in TOO_SLOW], ids=sorted(TOO_SLOW))
+def test_where_it_misses_the_model_is_too_slow_by_at_most_a_fifth(run):
+    """The known miss stays bounded: too slow, by less than a fifth."""
+    rate = paper_prediction(run).rate
+    assert 0.8 * run.published_tflops_per_rank < rate < run.published_tflops_per_rank
+
+
+@pytest.mark.parametrize("run", PUBLISHED, ids=[r.machine for r in PUBLISHED])
+def test_the_step_is_the_scripts_dpo_step(run):
+    """What is predicted is the DPO step the authors' scripts ran: 16 sequences of 512 tokens
+    per micro-step through the policy, the reference's forward in the step; the rate counts
+    the policy's FLOPs, the reference's forward adding exactly its own third of them."""
+    p, model = paper_prediction(run), get_model(run.model)
+    world = run.nodes * load_machine(run.machine).devices_per_node
+    tokens = 2 * run.micro_batch * 8 * 512 * world  # pairs x sequences x micro-steps x tokens x ranks
+    step = float(p.evaluation.step_time_s[0])
+    policy = flops.model_flops_per_token(model, 512) * tokens
+    assert p.rate == pytest.approx(policy / step / world / 1e12)
+    assert p.rate_with_reference / p.rate == pytest.approx(4.0 / 3.0)
+    assert float(p.evaluation.tokens_per_s[0]) * step == pytest.approx(tokens)
