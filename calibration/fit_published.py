@@ -19,7 +19,8 @@ the attention kernel and Megatron's tensor-parallel overlap (in the run's job: P
 
 The fit minimises the squared log error of all rows (scipy.optimize.least_squares) within
 physical bounds, with a weak pull towards the first guesses so that a figure the rows cannot
-determine stays where it was. Device kinds and frameworks are fitted together: Megatron and
+determine stays where it was, and a published GEMM microbenchmark of a device kind, where one
+is listed, as one more row (calibration/gemm_benchmarks.py). Device kinds and frameworks are fitted together: Megatron and
 FSDP rows both exist on H100 and on A100, so each device figure is pinned by both frameworks.
 
 The shipped machine models (device_kinds.yaml) carry the device-kind figures and the FSDP
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.schema.figures import figures_of, narrowed, with_figures
+from calibration import gemm_benchmarks
 from calibration.published import FRAMEWORKS, PublishedRun, published_runs
 from machine_models.loader import load_machine
 from planner.cost.step import evaluate
@@ -286,6 +288,7 @@ class _Problem:
     x_prior: np.ndarray
     published: np.ndarray
     pairs: list[tuple[str, str]]  # the (device kind, framework) pairs of the runs
+    peaks: dict[str, dict[str, float]]  # device kind -> precision -> peak TFLOP/s (gemm_benchmarks)
     held: list[tuple[str, str]] = field(default_factory=list)  # framework figures its rows cannot see
 
     @classmethod
@@ -308,6 +311,7 @@ class _Problem:
             x_prior=np.array([_to_x(n, prior[(g, n)]) for g, n in params]),
             published=np.array([r.figure for r in runs]),
             pairs=sorted({(device_of[r.id], r.framework) for r in runs}),
+            peaks={device_of[r.id]: {p.value: v for p, v in times.machines[r.machine].peak_tflops.items()} for r in runs},
         )
         p.hold_unseen()
         return p
@@ -348,7 +352,8 @@ class _Problem:
 
     def residuals(self, x) -> np.ndarray:
         weights = np.array([PRIOR_WEIGHTS.get(n, PRIOR_WEIGHT) for _, n in self.params])
-        return np.concatenate([np.log(self.predicted(x) / self.published), weights * (x - self.x_prior)])
+        bench = gemm_benchmarks.residuals(self.unpack(x).device, self.peaks)
+        return np.concatenate([np.log(self.predicted(x) / self.published), weights * (x - self.x_prior), bench])
 
     def cost(self, x) -> float:
         return 0.5 * float(np.sum(self.residuals(x) ** 2))

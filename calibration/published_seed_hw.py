@@ -256,9 +256,10 @@ def seed_hw_runs() -> list[PublishedRun]:
 # see them). They were held out while the seed paper's rate was compared at 2 micro-batches
 # a step, where the model put it 30% under while these rows were 19-46% over it; at the
 # paper's own accumulation (8, planner/seed_runs.py) both say the unfitted Max 1550 guesses
-# are too fast; the fit to these rows predicts the paper's Aurora rate 15% under it for the
-# DPO step the paper's scripts ran, a 3,200-node run of another shape (README, "The seed
-# paper on its own machines"). Held
+# are too fast; the fit to these rows and to ALCF's GEMM benchmark (calibration/
+# gemm_benchmarks.py) predicts the paper's Aurora rate within 4% for the DPO step the paper's
+# scripts ran, a 3,200-node run of another shape (README, "The seed paper on its own
+# machines"). Held
 # out: the Frontier torchtitan row (its own README printed 645 to 2,050 tokens/s for the same
 # set-up as PyTorch-ROCm builds changed) and GH200 (J: two rows, a check of the H100 figures
 # GH200 shares).

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from machine_models import DEVICE_KINDS_FILE
-from calibration import fit_files, fit_published as cal
+from calibration import fit_files, fit_published as cal, gemm_benchmarks
 from planner.cost.step import evaluate
 from calibration.published import PROFILE_OF, PublishedRun, held_out_runs, published_runs
 from planner.schema.specs import MachineModel
@@ -184,6 +184,8 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
     console.print(_summary_line("all rows", rows))
     for name, part in {**_groups(rows, "device"), **_groups(rows, "framework")}.items():
         console.print("  " + _summary_line(name, part))
+    for line in gemm_benchmarks.report_lines():
+        console.print("  " + line)
     if all(r.loo_error is None for r in rows):
         console.print("leave-one-out (fit without each row, then predict it): `--loo`")
     if held_out:
@@ -287,6 +289,7 @@ def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | No
         "summary": _summary_json(rows),
         "by_device": {device: _summary_json(part) for device, part in _groups(rows, "device").items()},
         "by_framework": {fw: _summary_json(part) for fw, part in _groups(rows, "framework").items()},
+        "gemm_benchmarks": gemm_benchmarks.report(),
     }
     if held_out:
         out["held_out"] = {"rows": [asdict(r) for r in held_out], "summary": _summary_json(held_out)}

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 # Micro-batches per optimizer step assumed for the paper's runs (not published in the paper):
 # the paper's own public Aurora scaling config accumulates 8 (ramanathanlab/Megatron-DeepSpeed,
 # ds_configs/3p5B.json: gradient_accumulation_steps 8), taken for every machine. It is read
-# from the authors' scripts, not chosen to fit the published rates (at 4 to 16 the same three
-# machines lie in their intervals as at 8; at 1 only Alps; Aurora at none of 1-16).
+# from the authors' scripts, not chosen to fit the published rates (at 8 and 16 all four lie
+# in their intervals; at 4 all but Aurora; at 2 Alps and Frontier; at 1 none).
 SEED_ACCUMULATION = 8
 
 # What the published rate counts, as a key of planner.cost.flops.step_flops: "policy" (the
