@@ -20,8 +20,9 @@ the attention kernel and Megatron's tensor-parallel overlap (in the run's job: P
 The fit minimises the squared log error of all rows (scipy.optimize.least_squares) within
 physical bounds, with a weak pull towards the first guesses so that a figure the rows cannot
 determine stays where it was, and a published GEMM microbenchmark of a device kind, where one
-is listed, as one more row (calibration/gemm_benchmarks.py). Device kinds and frameworks are fitted together: Megatron and
-FSDP rows both exist on H100 and on A100, so each device figure is pinned by both frameworks.
+is listed, as one more row (calibration/gemm_benchmarks.py). Device kinds and frameworks are
+fitted together: Megatron and FSDP rows both exist on H100 and on A100, so each device figure
+is pinned by both frameworks.
 
 The shipped machine models (device_kinds.yaml) carry the device-kind figures and the FSDP
 framework's figures, since exaplan's runtime is torch FSDP2/DDP (SHIPPED_FRAMEWORK); the

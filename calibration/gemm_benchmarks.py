@@ -26,7 +26,7 @@ class GemmBenchmark:
     tflops: float  # per device, every device of the node busy
     precision: str
     source: str
-    machine: str  # a machine preset of the kind, whose shipped figures report_lines checks
+    machine: str  # a machine preset of the kind, whose shipped figures report() checks
 
 
 GEMM_BENCHMARKS = {
@@ -72,6 +72,7 @@ def report() -> list[dict]:
 
 
 def report_lines() -> list[str]:
+    """report() as the lines `exaplan validate --published` prints."""
     return [f"GEMM benchmark, {b['device']}: {b['size']}^3 {b['precision']} at {b['curve_tflops']:.0f} TFLOP/s on the "
             f"fitted curve, {b['measured_tflops']:g} measured ({100 * b['error']:+.1f}%; fitted as one more row)"
             for b in report()]

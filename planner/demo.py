@@ -91,7 +91,8 @@ def _row(run: SeedRun) -> list[str]:
 
 def main() -> int:
     console = Console(width=180, highlight=False)
-    table = Table(title=f"protein-3.5b DPO on the seed systems (global batch = {8 * SEED_ACCUMULATION} pairs per rank, "
+    per_rank = SEED_RUNS[0].micro_batch * SEED_ACCUMULATION
+    table = Table(title=f"protein-3.5b DPO on the seed systems (global batch = {per_rank} pairs per rank, "
                         "reference model in the step, seq 512, bf16)",
                   title_justify="left")
     for col in COLUMNS:
