@@ -96,19 +96,20 @@ def _row(run: PublishedRun, machine: MachineModel) -> ValidationRow:
     )
 
 
-def validate_published(fitted: bool = True, *, refit: bool = False, leave_one_out_errors: bool = False) -> list[ValidationRow]:
+def validate_published(fitted: bool = True, *, refit: bool = False, leave_one_out_errors: bool = False,
+                       on_fold=None) -> list[ValidationRow]:
     """Every published run, predicted and compared with its published figure.
 
     fitted=True: with the machine models as shipped (device_kinds.yaml) and each run's
     framework figures (shipped_machine). fitted=False: with the first guesses of
     calibration.fit_published, to show what the fit changed. refit=True: fit again, write
     the figures into device_kinds.yaml and predict with them (`exaplan validate --published
-    --refit`; a few seconds). leave_one_out_errors: also fit without each row and predict it
-    (one whole fit per row: about two minutes on one core, divided among the CPUs; off by
-    default, `--loo`).
+    --refit`; about a minute). leave_one_out_errors: also fit without each row and predict it
+    (one whole fit per row: about 40 minutes on one core, divided among the CPUs; off by
+    default, `--loo`), calling on_fold(run id) as each fold ends.
     """
     if refit:
-        return refit_device_kinds(write=True, leave_one_out_errors=leave_one_out_errors)[1]
+        return refit_device_kinds(write=True, leave_one_out_errors=leave_one_out_errors, on_fold=on_fold)[1]
     runs = published_runs()
     shipped = cal.machines_of(runs)
     if fitted:
@@ -118,7 +119,7 @@ def validate_published(fitted: bool = True, *, refit: bool = False, leave_one_ou
         machines = [cal.first_guess_machine(shipped[r.machine], r.framework) for r in runs]
     rows = [_row(r, m) for r, m in zip(runs, machines)]
     if leave_one_out_errors:
-        _add_leave_one_out(rows, runs)
+        _add_leave_one_out(rows, runs, on_fold)
     return rows
 
 
@@ -143,8 +144,8 @@ def validate_held_out() -> list[ValidationRow]:
     return [_row(r, shipped_machine(r, shipped[r.machine], recorded)) for r in runs]
 
 
-def _add_leave_one_out(rows: list[ValidationRow], runs: list[PublishedRun]) -> None:
-    loo = cal.leave_one_out(runs)
+def _add_leave_one_out(rows: list[ValidationRow], runs: list[PublishedRun], on_fold=None) -> None:
+    loo = cal.leave_one_out(runs, on_fold=on_fold)
     for row in rows:
         row.loo_predicted = loo[row.id]
         row.loo_error = loo[row.id] / row.published - 1.0
@@ -326,8 +327,8 @@ def _groups(rows: list[ValidationRow], attr: str) -> dict[str, list[ValidationRo
 # --------------------------------------------------------------------------------------------
 
 
-def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True,
-                       leave_one_out_errors: bool = False) -> tuple[cal.Fit, list[ValidationRow]]:
+def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True, leave_one_out_errors: bool = False,
+                       on_fold=None) -> tuple[cal.Fit, list[ValidationRow]]:
     """Fit the device-kind and framework figures to the published runs
     (calibration.fit_published.fit_published) and predict the runs with them (and
     leave-one-out); with write=True, write the fit into `path`, keeping its comments.
@@ -337,7 +338,7 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True,
     fit = cal.fit_published(runs, times=cal.StepTimes(machines))
     rows = [_row(r, cal.machine_for(r, machines[r.machine], fit)) for r in runs]
     if leave_one_out_errors:
-        _add_leave_one_out(rows, runs)
+        _add_leave_one_out(rows, runs, on_fold)
     if write:
         fit_files.write_fit(fit, fit_notes(rows, cal.at_bounds(fit)), path)
         if leave_one_out_errors:

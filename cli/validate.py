@@ -61,10 +61,7 @@ def _published(args) -> int:
     if args.json or not (args.refit or args.loo):
         rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
     else:
-        out = console()
-        with out.status("fitting the figures" + (" and leave-one-out refits (one a run: minutes)" if args.loo else "")
-                        + " ..."):
-            rows = validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo)
+        rows = _published_with_progress(validate, args)
     held_out = validate.validate_held_out()
     searched = validate.validate_searched() if args.search_unstated else None
     if args.json:
@@ -72,6 +69,25 @@ def _published(args) -> int:
         return 0
     validate.render_published(rows, console(), held_out, searched, list_all=args.all_rows)
     return 0
+
+
+def _published_with_progress(validate, args):
+    """The fit under a spinner on stderr; with --loo, a bar over the leave-one-out folds (a
+    whole fit each, about a minute per fold and core)."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from calibration.published import published_runs
+
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        what = ("fitting, then leave-one-out refits (one fit without each run)" if args.refit else
+                "leave-one-out refits (one fit without each run)") if args.loo else "fitting the figures"
+        task = progress.add_task(what, total=len(published_runs()) if args.loo else None)
+        return validate.validate_published(refit=args.refit, leave_one_out_errors=args.loo,
+                                           on_fold=lambda rid: progress.advance(task))
 
 
 def _local(args) -> int:

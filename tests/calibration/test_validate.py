@@ -309,10 +309,13 @@ def test_section_d_runs_on_the_network_and_gradient_dtype_it_ran_with():
     assert on_ibm.compute_s[0] == pytest.approx(on_dgx.compute_s[0])
 
 
-def test_leave_one_out_of_one_row():
-    (value,) = cal.leave_one_out(ids=["D-llama2-70b"], workers=1).values()
-    assert math.isfinite(value) and value > 0
-    assert abs(value / 380.0 - 1) < 0.15
+def test_leave_one_out_of_two_rows_in_two_processes_reports_each_fold():
+    """Two folds in two forked workers (about one fit's time); on_fold hears of each as it ends."""
+    ids, seen = ["D-llama2-70b", "B-gpt-530b-full"], []
+    loo = cal.leave_one_out(ids=ids, workers=2, on_fold=seen.append)
+    assert sorted(loo) == sorted(seen) == sorted(ids)
+    assert all(math.isfinite(v) and v > 0 for v in loo.values())
+    assert abs(loo["D-llama2-70b"] / 380.0 - 1) < 0.15
 
 
 def test_write_fit_keeps_comments_and_is_read_back(tmp_path, monkeypatch, fit):
