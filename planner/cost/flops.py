@@ -71,6 +71,11 @@ def mlp_flops(m: ModelSpec) -> float:
     return 2.0 * mlp_params(m)
 
 
+def down_proj_flops(m: ModelSpec) -> float:
+    """The MLP's last GEMM, f -> h: a block's last, which an early-stopping recompute skips."""
+    return 2.0 * m.hidden * m.ffn_hidden
+
+
 def layer_forward_flops(m: ModelSpec, seq_len: int) -> float:
     return qkv_flops(m) + attention_core_flops(m, seq_len) + out_proj_flops(m) + mlp_flops(m)
 
@@ -119,7 +124,7 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, recompute, early_stop:
     from planner.cost.layout import RC_FULL, RC_SELECTIVE
 
     rc = np.asarray(recompute)
-    full = layer_forward_flops(m, seq_len) - (2.0 * m.hidden * m.ffn_hidden if early_stop else 0.0)
+    full = layer_forward_flops(m, seq_len) - (down_proj_flops(m) if early_stop else 0.0)
     per_layer = np.where(
         rc == RC_FULL,
         full,

@@ -26,7 +26,8 @@ from planner.cost.layout import Layouts
 from planner.cost.step import evaluate
 from planner.inputs import make_job
 from planner.presets import get_model
-from planner.seed_runs import SEED_ACCUMULATION, SEED_RUNS
+from planner.demo import paper_job, paper_layout
+from planner.seed_runs import SEED_ACCUMULATION, SEED_RUNS, SeedRun
 
 FRACTIONS = (8, 4, 2, 1)  # 1/8, 1/4, 1/2, 1 of each seed run's size
 TOLERANCE = 0.05
@@ -41,11 +42,11 @@ def per_device_tflops(machine_name: str, nodes: int, gas: int, hop_latency_us: f
     if hop_latency_us is not None:
         machine = machine.model_copy(update={"intra_node_latency_us": hop_latency_us,
                                              "inter_node_latency_us": hop_latency_us})
-    fw = load_framework("deepspeed")
+    run = SeedRun(machine_name, nodes)  # the paper's DPO step and layout (planner/seed_runs.py)
+    fw = load_framework(run.framework)
     machine = fw.applied_to(machine)
-    world = nodes * machine.devices_per_node
-    job = make_job(model, machine, world, 8 * gas * world, 512, None, None, workload="dpo", framework=fw)
-    lay = Layouts.one(dp=world, mbs=8, gas=gas, sharding="zero1")
+    job = paper_job(run, machine, fw, gas)
+    lay = paper_layout(nodes * machine.devices_per_node, run.micro_batch, gas)
     return float(evaluate(model, machine, job, lay).model_tflops_per_device[0])
 
 
