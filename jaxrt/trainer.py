@@ -144,7 +144,8 @@ def train(args, plan: Plan, prepared: Path | None, stop=None) -> int:
         if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
             run.save(step + 1)
     val = run.validate()
-    run.save(args.steps)
+    if not getattr(args, "no_final_checkpoint", False):
+        run.save(args.steps)
     writer.finish({"val_loss": val, "backend": "jax"})
     return 0
 

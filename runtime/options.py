@@ -50,6 +50,9 @@ def add_run_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--val-every", type=int, default=50, help="validation loss every N steps (0: only at the end)")
     ap.add_argument("--val-batches", type=int, default=4, help="batches per validation (default 4)")
     ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
+    ap.add_argument("--no-final-checkpoint", action="store_true",
+                    help="write no checkpoint at the end (benchmarks, throwaway runs: a 3B model's weights and "
+                         "AdamW state are about 50 GB); --ckpt-every still applies")
     ap.add_argument("--log-every", type=int, default=10, help="print a line every N steps (default 10)")
     ap.add_argument("--compile", action="store_true", help="torch.compile each block (the plan may ask for it too)")
     ap.add_argument("--log-samples", action="store_true",

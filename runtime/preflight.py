@@ -158,11 +158,19 @@ def check_fits_this_machine(plan, gpus: int | None = None) -> None:
 
 
 def _visible_gpus() -> int:
-    import sys
+    """GPUs the ranks will see: torch's count once torch is imported; before that (exaplan run
+    starts torchrun without importing torch) the NVIDIA device files /dev/nvidiaN, narrowed by
+    CUDA_VISIBLE_DEVICES where it is set."""
+    import glob
+    import re
 
     torch = sys.modules.get("torch")
     if torch is None:
-        return 0
+        found = len([p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)])
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if found and visible is not None:
+            found = min(found, len([d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")]))
+        return found
     try:
         if torch.cuda.is_available():
             return torch.cuda.device_count()

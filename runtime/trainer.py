@@ -126,7 +126,8 @@ def train(args, stop=None) -> int:
         val = task.validate()
         if isinstance(val, dict):  # DPO: the final metrics get their own record (pretraining: summary only)
             run.writer.log_dpo_validation(args.steps - 1, val)
-        run.save(args.steps)
+        if not args.no_final_checkpoint:
+            run.save(args.steps)
         run.writer.finish(_final_summary(val))
     if owns_group:
         dist.destroy_process_group()

@@ -29,8 +29,9 @@
 
 FSDP kinds use MixedPrecisionPolicy(param_dtype = the plan's precision, reduce_dtype = fp32);
 so does `none` through replicate; `none` through DDP keeps fp32 weights and gradients and
-computes under autocast (handle.forward). ZeRO and a dp size of 1 leave the compute precision to
-the trainer (autocast); gradients are always accumulated and reduced in fp32 by ZeRO.
+computes under autocast (handle.forward); so do ZeRO and a dp size of 1 (fp32 weights, autocast
+in handle.forward); gradients are always accumulated and reduced in fp32 by ZeRO. Pipeline stages
+run outside handle.forward: a bf16 plan with pp > 1 and no FSDP computes in fp32 (not yet cast).
 
 Gradient accumulation (`handle.no_sync()` around the forward and backward of every micro-batch
 but the last):
@@ -131,7 +132,11 @@ def apply_data_parallel(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> "Data
     if use_ddp:
         handle.ddp_pending = True
         handle.static_graph = plan.grad_accumulation_steps == 1
-        handle.autocast_dtype = _DTYPES[precision] if precision != Precision.fp32 else None
+    # No mixed-precision policy was applied (DDP, a dp size of 1, ZeRO): the weights stay fp32
+    # and a bf16/fp16 plan computes under autocast in handle.forward.
+    no_policy = use_ddp or kind in (Sharding.zero1, Sharding.zero2) or (kind == Sharding.none and dp_mesh.size() == 1)
+    if no_policy and precision == Precision.bf16:  # fp16 would need a loss scaler (DDP plans: replicate)
+        handle.autocast_dtype = _DTYPES[precision]
     return handle
 
 
@@ -163,15 +168,15 @@ class DataParallelHandle:
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The model's forward: through DDP when it wraps the model (its reducer must see
-        every forward), under autocast for a bf16 plan run by DDP."""
-        if self.ddp is None:
-            return self.model(*inputs)
+        every forward), under autocast for a bf16/fp16 plan whose weights no mixed-precision
+        policy casts (DDP, a dp size of 1, ZeRO)."""
+        module = self.model if self.ddp is None else self.ddp
         self._through_handle = True
         try:
             if self.autocast_dtype is None:
-                return self.ddp(*inputs)
+                return module(*inputs)
             with torch.autocast(inputs[0].device.type, dtype=self.autocast_dtype):
-                return self.ddp(*inputs)
+                return module(*inputs)
         finally:
             self._through_handle = False
 
@@ -247,9 +252,13 @@ class DataParallelHandle:
             # torch's foreach kernels (one launch per tensor list, not per tensor) refuse lists
             # mixing DTensors and plain tensors, or DTensors of different meshes (TP without SP
             # leaves the norms plain): one parameter group per kind, the same hyperparameters.
-            groups = _param_groups([p for p in self.model.parameters() if p.requires_grad])
+            # On a GPU, with plain tensors only (no TP, no FSDP), torch's fused AdamW: one kernel
+            # for the whole update instead of a foreach chain of them.
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            groups = _param_groups(params)
+            fused = bool(params) and all(p.device.type == "cuda" and not isinstance(p, DTensor) for p in params)
             self.optimizer = torch.optim.AdamW([{"params": g} for g in groups], lr=lr, betas=betas, eps=eps,
-                                               weight_decay=weight_decay, foreach=True)
+                                               weight_decay=weight_decay, **({"fused": True} if fused else {"foreach": True}))
         return self.optimizer
 
     # ----------------------------------------------------------------------- clipping

@@ -76,3 +76,15 @@ def test_replicate_is_kept_where_the_plan_says_so():
     r = run_on_ranks(_probe, 2, lay, "fp32", timeout_s=100)
     for o in r:
         assert not o["ddp"] and o["grads_equal"] and o["bypass"] == "allowed"
+
+
+@pytest.mark.parametrize("lay", [layout("one-rank", 1, "none"), layout("zero1", 2, "zero1")], ids=lambda d: d["name"])
+def test_bf16_plans_without_a_precision_policy_compute_under_autocast(lay):
+    """A dp size of 1 (one GPU) and ZeRO apply no mixed-precision policy: a bf16 plan must still
+    compute in bf16 (autocast in handle.forward), on fp32 weights and gradients; it ran in fp32
+    before."""
+    r = run_on_ranks(_probe, lay["world"], lay, "bf16", timeout_s=100)
+    for o in r:
+        assert not o["ddp"]
+        assert o["logits_dtype"] == "torch.bfloat16"
+        assert o["param_dtypes"] == ["torch.float32"] == o["grad_dtypes"]  # (ZeRO reduces the gradients at the step)

@@ -105,6 +105,23 @@ def test_fit_checks_ranks_gpus_and_memory():
         preflight.check_fits_this_machine(P(), gpus=0)
 
 
+def test_gpus_are_counted_before_torch_is_imported(monkeypatch):
+    """`exaplan run` checks the plan before torch is imported: the GPUs come from the NVIDIA
+    device files (narrowed by CUDA_VISIBLE_DEVICES), so that a GPU plan's device memory is
+    not held against the host's RAM on a one-GPU workstation."""
+    import glob
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    files = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-caps"]
+    monkeypatch.setattr(glob, "glob", lambda pattern: [f for f in files if f.startswith(pattern.rstrip("*"))])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert preflight._visible_gpus() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert preflight._visible_gpus() == 1
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    assert preflight._visible_gpus() == 0
+
+
 def test_run_without_torch_says_how_to_install(plan, tmp_path):
     """Item 6: torch made unimportable (sys.modules['torch'] = None): exit 2, the install line."""
     out = tmp_path / "out"

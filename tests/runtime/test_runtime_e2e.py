@@ -96,8 +96,10 @@ def test_io_modes_run(tmp_path):
     plan = make_plan(tmp_path, "ddp", "--dp", "2", "--mbs", "4", "--shard", "none")
     p = sh("run", str(plan), "--out", str(tmp_path / "io"), "--steps", "3", "--io-mode", "io-only")
     assert "samples_per_s" in p.stdout
-    sh("run", str(plan), "--out", str(tmp_path / "syn"), "--steps", "3", "--io-mode", "synthetic", "--val-batches", "1")
+    sh("run", str(plan), "--out", str(tmp_path / "syn"), "--steps", "3", "--io-mode", "synthetic", "--val-batches", "1",
+       "--no-final-checkpoint")
     assert json.loads((tmp_path / "syn" / "summary.json").read_text())["steps"] == 3
+    assert not list((tmp_path / "syn").glob("checkpoints/step-*"))  # a run without the flag ends with step-00000003
 
 
 @pytest.mark.timeout(300)
