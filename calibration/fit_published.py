@@ -154,7 +154,7 @@ GRID_KEEP = 1
 OVERLAP_SCAN = tuple(np.round(np.arange(0.1, 1.0001, 0.05), 3))
 OVERHEAD_SCAN = tuple(np.round(np.arange(0.0, 0.5001, 0.01), 3))
 # Device kinds that share fitted figures with a fitted kind (no published rows of their own).
-SHARES_FIGURES_WITH = {"NVIDIA GH200": "NVIDIA H100 SXM5"}
+SHARES_FIGURES_WITH = {"NVIDIA GH200": "NVIDIA H100 SXM5", "NVIDIA H200 SXM": "NVIDIA H100 SXM5"}
 FIT_COMMAND = "exaplan validate --published --refit"
 FIT_MARK = "# fit:"  # starts the comment lines the refit writes (and replaces) in device_kinds.yaml
 

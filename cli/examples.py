@@ -27,6 +27,13 @@ EXAMPLES = {
     "protein-3.5b_frontier_2048n_dpo.yaml": "--model protein-3.5b --machine frontier --nodes 2048 --workload dpo",
     "protein-3.5b_leonardo_1500n_dpo.yaml": "--model protein-3.5b --machine leonardo --nodes 1500 --workload dpo",
     "protein-3.5b_pdx_400n_dpo.yaml": "--model protein-3.5b --machine pdx --nodes 400 --workload dpo",
+    # One GPU (benchmarks/gpu_check.py): the runtime benchmark's workload, and protein-3.5b in bf16.
+    "gpu/demo_1gpu.yaml": "--model protein-small --machine dgx-h200 --set machine.devices_per_node=1 --global-batch 4 "
+                          "--seq-len 128 --precision fp32 --mbs 4 --recompute none --draws 0",
+    "gpu/protein-3.5b_1xh200.yaml": "--model protein-3.5b --machine dgx-h200 --set machine.devices_per_node=1 "
+                                    "--global-batch 32 --draws 0",
+    "gpu/protein-3.5b_1xh100.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
+                                    "--global-batch 32 --draws 0",
 }
 
 
@@ -40,6 +47,7 @@ def regenerate(name: str, out_dir: Path = PLANS_DIR) -> Path:
     the repository-relative command."""
     argv = command_for(name)
     target = out_dir / name
+    target.parent.mkdir(parents=True, exist_ok=True)
     saved = sys.argv
     sys.argv = ["exaplan", *argv]
     try:
