@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU build of torch that lies on this kind of machine; never an unpinned torch.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test test-all bench bench-runtime bench-jax bench-local plans clean
+.PHONY: venv demo test test-all bench bench-runtime bench-jax bench-gpu bench-local plans clean
 
 venv: $(STAMP)
 
@@ -60,6 +60,15 @@ bench-runtime: venv
 # 6 minutes on 2 cores; run it on an otherwise idle machine. Results: runs/bench-jax/results.{md,json}.
 bench-jax: venv
 	$(BIN)/python -m benchmarks.jax_vs_torch --out runs/bench-jax
+
+# On a GPU machine (not part of `make bench`: it needs CUDA; a GPU build of torch, e.g.
+# `make TORCH=torch==X.Y bench-gpu`): the card's ceilings, its attention kernel, and `exaplan run`
+# against a plain-torch loop on plans/gpu/ (the demo's workload and protein-3.5b in bf16), MFU
+# measured against predicted; add GPU_CHECK_ARGS=--compile for compiled blocks. A few minutes.
+# Results: runs/bench-gpu/gpu_check.{md,json}; README "On a GPU".
+GPU_CHECK_ARGS ?=
+bench-gpu: venv
+	$(BIN)/python -m benchmarks.gpu_check --out runs/bench-gpu $(GPU_CHECK_ARGS)
 
 # Issue-4 targets on this machine (median |step error| <= 10%, Spearman >= 0.9, first choice
 # within 5% of the fastest, memory error <= 15%): 12 layouts through `exaplan run`, 2 rounds.

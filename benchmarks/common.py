@@ -95,12 +95,12 @@ def materialise(model, spec, device, seed: int) -> None:
     model.setup_rope(device)
 
 
-def synthetic_batch(spec, rows: int, seed: int, device):
-    """(inputs, targets) of `rows` random sequences of SEQ_LEN tokens (no padding token 0)."""
+def synthetic_batch(spec, rows: int, seed: int, device, seq_len: int = SEQ_LEN):
+    """(inputs, targets) of `rows` random sequences of `seq_len` tokens (no padding token 0)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(1, spec.vocab_size, (rows, SEQ_LEN + 1), generator=g)
+    tokens = torch.randint(1, spec.vocab_size, (rows, seq_len + 1), generator=g)
     return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
 
 

@@ -35,8 +35,9 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_the_five_layout_scripts_exist():
-    assert [p.stem for p in SCRIPTS] == ["torch_ddp", "torch_fsdp", "torch_pp_1f1b", "torch_tp_sp", "torch_zero1"]
+def test_the_five_layout_scripts_and_the_one_gpu_loop_exist():
+    assert [p.stem for p in SCRIPTS] == ["torch_ddp", "torch_fsdp", "torch_one_gpu", "torch_pp_1f1b", "torch_tp_sp",
+                                         "torch_zero1"]
 
 
 @pytest.mark.parametrize("path", [*SCRIPTS, BENCH / "common.py"], ids=lambda p: p.name)
