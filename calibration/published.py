@@ -7,7 +7,8 @@ conventions: calibration/published_schema.py).
                        calibration/published_seed_hw.py (I: Megatron-DeepSpeed on LUMI's MI250X;
                        K: Megatron-DeepSpeed on Aurora's Max 1550);
                        `exaplan validate --published` fits and predicts them
-    held_out_runs()    published rows never fitted, only predicted (F: torchtitan on H100s,
+    held_out_runs()    published rows never fitted, only predicted (M, calibration/published_own.py:
+                       exaplan's own runtime on a lent H200; F: torchtitan on H100s,
                        G: BLOOM-176B with Megatron-DeepSpeed, on hardware that the machine
                        presets only stand in for; the Frontier torchtitan row of I and J's
                        GH200 rows, calibration/published_seed_hw.py; L: the
@@ -189,5 +190,6 @@ def held_out_runs() -> list[PublishedRun]:
     """Published rows that no fit sees, predicted to check the model where it was not fitted
     (section L, llm-foundry's whole tables, last)."""
     from calibration.published_foundry import foundry_runs
+    from calibration.published_own import own_gpu_runs
 
-    return held_out_extra_runs() + held_out_seed_hw_runs() + foundry_runs()
+    return held_out_extra_runs() + held_out_seed_hw_runs() + own_gpu_runs() + foundry_runs()

@@ -153,6 +153,10 @@ def _join(args):
     if device.type == "cpu" and plan.job.precision.value != "fp32" and rank == 0:
         print(f"warning: a {plan.job.precision.value} plan on a CPU: bf16/fp16 matmuls run about 200x slower here; "
               "plan with --precision fp32 for CPU runs", file=sys.stderr)
+    if device.type == "cuda" and not (plan.compile or args.compile) and rank == 0:
+        print("note: eager on a GPU: --compile fuses the norms, rotary embeddings and activations that the plan's "
+              "prediction counts as fused kernels (protein-3.5b on one H200: 573 ms a step compiled, 734 ms eager)",
+              file=sys.stderr)
     torch.manual_seed(args.seed + rank)
     return plan, device, rank, owns_group
 
