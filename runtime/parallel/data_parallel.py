@@ -29,9 +29,9 @@
 
 FSDP kinds use MixedPrecisionPolicy(param_dtype = the plan's precision, reduce_dtype = fp32);
 so does `none` through replicate; `none` through DDP keeps fp32 weights and gradients and
-computes under autocast (handle.forward); so do ZeRO and a dp size of 1 (fp32 weights, autocast
-in handle.forward); gradients are always accumulated and reduced in fp32 by ZeRO. Pipeline stages
-run outside handle.forward: a bf16 plan with pp > 1 and no FSDP computes in fp32 (not yet cast).
+computes under autocast; so do ZeRO and a dp size of 1 (fp32 weights; autocast_forward's hooks
+around the module's forward, pipeline stages included); gradients are always accumulated and
+reduced in fp32 by ZeRO.
 
 Gradient accumulation (`handle.no_sync()` around the forward and backward of every micro-batch
 but the last):
@@ -133,18 +133,39 @@ def apply_data_parallel(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> "Data
         handle.ddp_pending = True
         handle.static_graph = plan.grad_accumulation_steps == 1
     # No mixed-precision policy was applied (DDP, a dp size of 1, ZeRO): the weights stay fp32
-    # and a bf16/fp16 plan computes under autocast in handle.forward.
+    # and a bf16 plan computes under autocast, entered by hooks around the module's forward
+    # (through handle.forward, DDP or a pipeline schedule alike).
     no_policy = use_ddp or kind in (Sharding.zero1, Sharding.zero2) or (kind == Sharding.none and dp_mesh.size() == 1)
     if no_policy and precision == Precision.bf16:  # fp16 would need a loss scaler (DDP plans: replicate)
         handle.autocast_dtype = _DTYPES[precision]
+        autocast_forward(model, handle.autocast_dtype)
     return handle
+
+
+def autocast_forward(module: nn.Module, dtype: torch.dtype) -> None:
+    """Run every forward of `module` under torch.autocast(dtype) on its parameters' device:
+    forward hooks enter it and leave it (also when the forward raises), so whoever calls the
+    module (the handle, DDP, a pipeline stage, validation) computes in `dtype`."""
+    entered: list = []
+
+    def enter(mod: nn.Module, args) -> None:  # noqa: ARG001 (forward pre-hook signature)
+        param = next(mod.parameters(), None)
+        ctx = torch.autocast(param.device.type if param is not None else "cpu", dtype=dtype)
+        ctx.__enter__()
+        entered.append(ctx)
+
+    def leave(mod: nn.Module, args, out) -> None:  # noqa: ARG001 (forward hook signature)
+        entered.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave, always_call=True)
 
 
 class DataParallelHandle:
     """What the trainer needs from data parallelism, whatever the kind:
 
-    forward(*inputs)                           the model's forward (through DDP and under
-                                               autocast where the handle wraps it)
+    forward(*inputs)                           the model's forward (through DDP where the
+                                               handle wraps it)
     no_sync()                                  context for every micro-batch but the last
     build_optimizer(lr, betas, weight_decay)   AdamW (ZeroOptimizer under zero1/zero2);
                                                call after materialising the model
@@ -168,15 +189,13 @@ class DataParallelHandle:
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The model's forward: through DDP when it wraps the model (its reducer must see
-        every forward), under autocast for a bf16/fp16 plan whose weights no mixed-precision
-        policy casts (DDP, a dp size of 1, ZeRO)."""
-        module = self.model if self.ddp is None else self.ddp
+        every forward). A bf16 plan whose weights no mixed-precision policy casts (DDP, a dp
+        size of 1, ZeRO) computes under autocast (autocast_forward's hooks on the model)."""
+        if self.ddp is None:
+            return self.model(*inputs)
         self._through_handle = True
         try:
-            if self.autocast_dtype is None:
-                return module(*inputs)
-            with torch.autocast(inputs[0].device.type, dtype=self.autocast_dtype):
-                return module(*inputs)
+            return self.ddp(*inputs)
         finally:
             self._through_handle = False
 

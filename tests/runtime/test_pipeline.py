@@ -144,6 +144,12 @@ def _rank_main(rank: int, world: int, plan_json: str, cfg: dict, out_dir: str) -
         c.to_empty(device="cpu")
         init_weights(c, spec, SEED)
         c.setup_rope("cpu")
+    linear_dtypes: set[str] = set()
+    if cfg.get("record_dtypes"):  # what each chunk's first Linear computes in
+        for c in chunks:
+            first = next((m for m in c.modules() if isinstance(m, torch.nn.Linear)), None)
+            if first is not None:
+                first.register_forward_hook(lambda mod, args, out: linear_dtypes.add(str(out.dtype)))
     mbs, seq = plan.micro_batch_size, plan.job.seq_len
     runner = build_schedule(chunks, plan, mesh["pp"], "cpu", plan.grad_accumulation_steps, loss_fn, (mbs, seq),
                             normalization=cfg.get("normalization", "microbatch"))
@@ -166,7 +172,9 @@ def _rank_main(rank: int, world: int, plan_json: str, cfg: dict, out_dir: str) -
     evaluated = runner.evaluate(tokens[rows][:mbs], targets[rows][:mbs]) if cfg.get("evaluate") else None
     params = {canonical_name(n): _full(p) for c in chunks for n, p in c.named_parameters()}
     torch.save({"losses": losses, "grads": grads, "params": params, "dp_rank": dp_rank, "pp_rank": pp_rank,
-                "stages": runner.stage_indices, "evaluate": evaluated}, Path(out_dir) / f"rank{rank}.pt")
+                "stages": runner.stage_indices, "evaluate": evaluated, "linear_dtypes": sorted(linear_dtypes),
+                "param_dtypes": sorted({str(p.dtype) for c in chunks for p in c.parameters()})},
+               Path(out_dir) / f"rank{rank}.pt")
 
 
 def run_ranks(plan: Plan, **cfg) -> list[dict]:
@@ -373,6 +381,23 @@ def test_pp2_tp2_equals_one_process(sp):
     [mbs, seq / tp, hidden] slices (the default activation shape follows the plan)."""
     plan = make_plan(tiny_spec(4), pp=2, schedule="1f1b", tp=2, sp=sp)
     check_against_reference(plan, run_ranks(plan))
+
+
+@pytest.mark.timeout(180)
+def test_bf16_pipeline_without_a_precision_policy_computes_in_bf16():
+    """pp 2, no data parallelism: no mixed-precision policy casts the weights, so the stages'
+    forwards run under autocast (autocast_forward's hooks; they ran in fp32 before): bf16
+    GEMMs on fp32 weights, the loss equal to the fp32 one process to bf16 precision."""
+    plan = make_plan(tiny_spec(4), pp=2, ranges=[(0, 2), (2, 4)], schedule="1f1b")
+    data = plan.model_dump(mode="json")
+    data["job"]["precision"] = "bf16"
+    plan = Plan.model_validate(data)
+    results = run_ranks(plan, record_dtypes=True)
+    ref = reference(plan, global_batch(plan))
+    for r in results:
+        assert r["linear_dtypes"] == ["torch.bfloat16"] and r["param_dtypes"] == ["torch.float32"]
+    for step in range(STEPS):
+        assert results[0]["losses"][step][0] == pytest.approx(ref["losses"][step][0], rel=1e-2)
 
 
 @pytest.mark.slow
