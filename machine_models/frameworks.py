@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 from pathlib import Path
 
 import yaml
@@ -17,13 +19,22 @@ DEFAULT_FRAMEWORK = "exaplan"
 
 
 def _profiles(path: Path = FRAMEWORKS_FILE) -> dict[str, dict]:
+    """The file's profiles (a fresh copy each call). The file is read every time, parsed once
+    per content: the published-run fit asks for a profile thousands of times, and parsing the
+    YAML each time was 88% of its time."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
+        data = _parse(text)
     except (OSError, yaml.YAMLError) as e:
         raise PlanError(f"cannot read the framework profiles: {e}", field=str(path)) from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise PlanError("expected a mapping of framework name -> fields", field=str(path))
-    return data
+    return copy.deepcopy(data)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(text: str):
+    return yaml.safe_load(text)
 
 
 def list_frameworks(path: Path = FRAMEWORKS_FILE) -> list[str]:
