@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
                         "and show the best layout's error beside the recorded choice's")
     v.add_argument("--loo", action="store_true",
                    help="with --published: also leave-one-out errors: refit without each run and predict it "
-                        "(one fit of about a minute per run, over the CPUs: about 15 minutes on 2 cores)")
+                        "(one fit of about 11 s per run, over the CPUs: about 4 minutes on 2 cores)")
     v.add_argument("--all-rows", action="store_true",
                    help="with --published: list every held-out row, section L's 199 too, instead of section L's "
                         "summary by table and sequence length")
@@ -73,7 +73,7 @@ def _published(args) -> int:
 
 def _published_with_progress(validate, args):
     """The fit under a spinner on stderr; with --loo, a bar over the leave-one-out folds (a
-    whole fit each, about a minute per fold and core)."""
+    whole fit each, about 11 s per fold and core)."""
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
