@@ -128,7 +128,7 @@ def train(args, stop=None) -> int:
             run.writer.log_dpo_validation(args.steps - 1, val)
         if not args.no_final_checkpoint:
             run.save(args.steps)
-        run.writer.finish(_final_summary(val))
+        run.writer.finish({**_final_summary(val), "compiled_blocks": _compiled_blocks(parts)})
     if owns_group:
         dist.destroy_process_group()
     return 0
@@ -310,6 +310,11 @@ def _log_validation(writer, step: int, val) -> None:
         writer.log_dpo_validation(step, val)
     else:
         writer.log_validation(step, val)
+
+
+def _compiled_blocks(parts) -> int:
+    """How many of this rank's transformer blocks run through torch.compile."""
+    return sum(type(b).__name__ == "OptimizedModule" for p in parts for b in getattr(p, "layers", {}).values())
 
 
 def _final_summary(val) -> dict:

@@ -126,3 +126,21 @@ def test_bad_run_input_is_exit_2_and_writes_nothing(tmp_path):
     assert p.returncode == 2 and "content hash" in p.stderr
     p = sh("run", str(tmp_path / "missing.yaml"), check=False)
     assert p.returncode == 2 and "cannot read plan file" in p.stderr
+
+
+@pytest.mark.timeout(600)
+def test_compiled_blocks_train_like_eager(tmp_path):
+    """`exaplan run --compile` (torch.compile of each block; on a GPU it fuses the elementwise
+    kernels the prediction counts as fused) gives the eager run's losses, step by step."""
+    plan = make_plan(tmp_path, "one", "--set", "machine.devices_per_node=1", "--dp", "1", "--mbs", "4", "--shard", "none")
+    losses = {}
+    for mode in ("eager", "compile"):
+        out = tmp_path / mode
+        sh("run", str(plan), "--out", str(out), "--steps", "3", "--io-mode", "synthetic", "--val-every", "0",
+           "--val-batches", "1", "--log-every", "1", "--no-final-checkpoint", *(["--compile"] if mode == "compile" else []))
+        losses[mode] = steps_of(out)[0]
+        compiled = json.loads((out / "summary.json").read_text())["compiled_blocks"]
+        assert compiled == (6 if mode == "compile" else 0)  # protein-tiny's 6 blocks
+    assert sorted(losses["eager"]) == sorted(losses["compile"]) == [0, 1, 2]
+    for step, loss in losses["eager"].items():
+        assert losses["compile"][step] == pytest.approx(loss, rel=1e-4), step
