@@ -241,11 +241,15 @@ def main(argv=None) -> int:
     import os
 
     args = parse_args(argv)
+    import torch
+
+    if not args.plans and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device visible; its default plans are for one H100 / H200 "
+              "(on a CPU, --plans PLAN[,PLAN] --skip-device compares given plans)", file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"config": vars(args), "plans": {}, "failures": []}
-    import torch
-
     if torch.cuda.is_available() and not args.skip_device:
         for key, fn in (("device", device_and_ceilings), ("attention", attention_kernels)):
             try:

@@ -48,6 +48,16 @@ def test_the_default_plans_exist_and_are_one_gpu_plans():
         assert plan["prediction"]["fits"]
 
 
+def test_without_a_gpu_the_default_plans_are_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    res = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path / "gc")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "no CUDA device" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "gc" / "gpu_check.json").exists()
+
+
 @pytest.mark.slow
 def test_the_driver_on_the_cpu(tmp_path):
     plan = tmp_path / "tiny.yaml"
