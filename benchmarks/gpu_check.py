@@ -17,9 +17,9 @@
    launch), and MFU measured (the plan's model FLOPs per step over the median step, over the
    plan's peak) against the plan's predicted step time and MFU.
 
-Writes DIR/gpu_check.json and DIR/gpu_check.md and prints the table last. Without a GPU it runs
-the plans on the CPU and skips 1 and 2 (the test does that with a tiny plan). Exit 0, or 1 when a
-run failed (the others still reported).
+Writes DIR/gpu_check.json and DIR/gpu_check.md and prints the table last. Without a GPU it
+needs --plans: it runs them on the CPU and skips 1 and 2 (the test does that with a tiny plan);
+without either, exit 2. Exit 0, or 1 when a run failed (the others still reported).
 """
 
 from __future__ import annotations
