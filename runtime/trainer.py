@@ -130,7 +130,8 @@ def train(args, stop=None) -> int:
             run.save(args.steps)
         run.writer.finish({**_final_summary(val), "compiled_blocks": _compiled_blocks(parts)})
     if owns_group:
-        dist.destroy_process_group()
+        dist.barrier()  # no rank tears its group down while another still uses it (gloo aborts:
+        dist.destroy_process_group()  # seen without the final checkpoint's collectives)
     return 0
 
 
