@@ -137,8 +137,7 @@ def apply_data_parallel(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> "Data
     # (through handle.forward, DDP or a pipeline schedule alike).
     no_policy = use_ddp or kind in (Sharding.zero1, Sharding.zero2) or (kind == Sharding.none and dp_mesh.size() == 1)
     if no_policy and precision == Precision.bf16:  # fp16 would need a loss scaler (DDP plans: replicate)
-        handle.autocast_dtype = _DTYPES[precision]
-        autocast_forward(model, handle.autocast_dtype)
+        autocast_forward(model, _DTYPES[precision])
     return handle
 
 
@@ -183,7 +182,6 @@ class DataParallelHandle:
         self.optimizer: torch.optim.Optimizer | None = None
         self.ddp: nn.Module | None = None  # DistributedDataParallel around the model (ddp_impl ddp)
         self.ddp_pending = False  # DDP to be wrapped once the weights exist (build_optimizer)
-        self.autocast_dtype: torch.dtype | None = None
         self._through_handle = False
         self.static_graph = False
 
