@@ -61,10 +61,10 @@ def run(args: argparse.Namespace) -> int:
                         deadline_days=args.deadline_days, global_batch=args.global_batch, batch_per_rank=per_rank,
                         framework=args.framework, workload=args.workload, reference=args.reference,
                         seq_len=args.seq_len, precision=args.precision, overrides=args.overrides,
-                        command=command_line(), workers=1)
+                        command=command_line(), workers=1, compiled=args.compile)
     rows = rows_from_points(sorted(result.points, key=lambda p: counts.index(p.nodes)), args.workload)
     best = smallest_meeting(rows, args.deadline_days) if args.deadline_days else None
-    u = uncertainty_of(machine, load_framework(args.framework))
+    u = uncertainty_of(machine, load_framework(args.framework, compiled=args.compile))
     if args.json:
         print_json(dict(rows=[_row_json(r, u) for r in rows], deadline_days=args.deadline_days,
                         fewest_nodes=best.nodes if best else None, uncertainty=u.as_json()))

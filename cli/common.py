@@ -24,6 +24,10 @@ FRAMEWORK_HELP = ("the training software the job runs with, as a profile of mach
                   "(Megatron-DeepSpeed), jax (exaplan's JAX backend, jaxrt/); it sets the fitted overlap and per-step "
                   "figures, the shardings searched, sequence, pipeline and context parallelism, the precisions, the "
                   "gradient-reduction precision and the DDP buckets")
+COMPILE_HELP = ("plan for the runtime's blocks compiled (torch.compile: the plan says `compile: true`, which `exaplan "
+                "run` honours): fused elementwise kernels, which the cost model counts; without it a GPU plan is "
+                "predicted as it runs by default, eager, with the unfused norms, rotary embeddings and activations "
+                "moving about 5x those bytes (exaplan profile only)")
 REFERENCE_HELP = ("dpo: the reference model runs its forward passes in every step and is held in memory (in-step, "
                   "default), or its log-probabilities were precomputed once (exaplan run --precompute-reference)")
 
@@ -50,6 +54,7 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=["pretrain", "dpo"], default="pretrain", help=WORKLOAD_HELP)
     p.add_argument("--reference", choices=["in-step", "precomputed"], default="in-step", help=REFERENCE_HELP)
     p.add_argument("--framework", default="exaplan", metavar="NAME", help=FRAMEWORK_HELP)
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
 
 
 def add_set_option(p: argparse.ArgumentParser) -> None:
@@ -70,7 +75,7 @@ def load_specs(args):
     check_overrides(overrides, ("model", "machine"))
     model = apply_overrides(load_model(args.model), "model", overrides)
     machine = apply_overrides(load_machine(args.machine), "machine", overrides)
-    return model, load_framework(args.framework).applied_to(machine)
+    return model, load_framework(args.framework, compiled=getattr(args, "compile", False)).applied_to(machine)
 
 
 def job_for(args, model, machine, world: int, token_budget: float | None = None):
@@ -80,7 +85,7 @@ def job_for(args, model, machine, world: int, token_budget: float | None = None)
 
     return make_job(model, machine, world, args.global_batch, args.seq_len, args.precision,
                     token_budget if token_budget is not None else getattr(args, "token_budget", None),
-                    args.workload, args.reference, load_framework(args.framework))
+                    args.workload, args.reference, load_framework(args.framework, compiled=getattr(args, "compile", False)))
 
 
 def load_inputs(args):

@@ -42,9 +42,10 @@ def list_frameworks(path: Path = FRAMEWORKS_FILE) -> list[str]:
     return list(_profiles(path))
 
 
-def load_framework(name: str | None = None, path: Path = FRAMEWORKS_FILE) -> FrameworkProfile:
+def load_framework(name: str | None = None, path: Path = FRAMEWORKS_FILE, compiled: bool = False) -> FrameworkProfile:
     """A framework profile by name (default: exaplan's own runtime). An unknown name raises
-    PlanError with the known ones and the closest match."""
+    PlanError with the known ones and the closest match. `compiled` (--compile): the runtime's
+    blocks through torch.compile, for a profile whose blocks otherwise run eager."""
     name = name or DEFAULT_FRAMEWORK
     profiles = _profiles(path)
     if name not in profiles:
@@ -59,4 +60,9 @@ def load_framework(name: str | None = None, path: Path = FRAMEWORKS_FILE) -> Fra
     if unknown:
         raise PlanError(f"{name}.cpu_figures: unknown figure(s) {', '.join(unknown)}; known: {', '.join(FIGURES)}",
                         field=str(path))
+    if compiled:
+        if profile.eager_bytes_per_element is None:
+            raise PlanError(f"compiles the blocks of exaplan's torch runtime; the {name} profile's kernels are fused "
+                            f"already (use --framework exaplan, or drop --compile)", field="compile")
+        profile = profile.model_copy(update={"compiled": True})
     return profile

@@ -209,6 +209,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
             ddp_bucket_mb=float(ev.ddp_bucket_mb[i]), ddp_impl=ddp_impl_for(kind, row["tp"], row["pp"], job.precision),
         ),
         recompute=RECOMPUTES[row["recompute"]],
+        compile=bool(getattr(job.framework, "compiled", False)),
         collectives=Collectives(library=machine.collective_library.value, communicators=comms, env=env),
         prediction=_finite_prediction(model, machine, job, ev, i),
         provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,

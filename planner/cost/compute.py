@@ -135,25 +135,55 @@ def elementwise_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob,
     gradients' sums (2 reads, 1 write), 1 x; the activation's gradient (its inputs and dy
     read, one gradient per input written), 1.5-1.7 x.
     """
+    total = token_elements(model, job, lay)
+    if not machine.flash_attention:
+        scores = lay.mbs * (model.heads / lay.tp) * (job.seq_len / lay.cp) * job.seq_len
+        total = total + 4 * scores
+    return total * bytes_per_element(job.precision)
+
+
+def token_elements(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Elements the norms, residual adds, RoPE and the MLP activation read and write in one
+    block's forward for one micro-batch on one rank, fused (elementwise_bytes without the
+    unfused softmax's scores)."""
     T = tokens_per_microbatch(job, lay)
-    B = bytes_per_element(job.precision)
     h, f, t = model.hidden, model.ffn_hidden, lay.tp
     kv = model.kv_heads * model.head_dim
     stream = np.where(lay.sp == 1, T / t, T) * h
     total = 2 * 2 * stream + 2 * 3 * stream
     if model.position == "rope":
         total = total + 2 * T * (h + kv) / t
-    total = total + (3 if model.activation == "swiglu" else 2) * T * f / t
-    if not machine.flash_attention:
-        scores = lay.mbs * (model.heads / t) * (job.seq_len / lay.cp) * job.seq_len
-        total = total + 4 * scores
-    return total * B
+    return total + (3 if model.activation == "swiglu" else 2) * T * f / t
 
 
 def elementwise_time(machine: MachineModel, nbytes) -> np.ndarray:
     """Seconds to move `nbytes` through memory-bound elementwise kernels: bytes / (memory
     bandwidth x elementwise_efficiency), the fraction of the copy bandwidth such kernels reach."""
     return np.asarray(nbytes, dtype=np.float64) / (machine.memory_bandwidth_gbyte_s * 1e9 * machine.elementwise_efficiency)
+
+
+# The fraction of a GPU's memory bandwidth that eager PyTorch's elementwise kernels reach: each is
+# one streaming pass over an activation-sized tensor, as fast as a copy. STREAM copy and triad
+# reach 0.87-0.89 of H100's 3.35 TB/s (2.90-2.97 TB/s, Azure ND H100 v5); benchmarks/gpu_check.py
+# measured a 2 GiB copy at 0.90 of an H100's and 0.88 of an H200's (docs/gpu/).
+EAGER_BANDWIDTH_FRACTION = 0.88
+
+
+def eager_extra_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Forward seconds one block's unfused (eager) elementwise ops add on a GPU for one
+    micro-batch, over the fused count of token_elements: a framework that runs them op by op
+    (its profile's eager_bytes_per_element, e, and not `compiled`) moves e bytes per element of
+    that count where fused kernels move one element's size; the surplus streams at
+    EAGER_BANDWIDTH_FRACTION of the memory bandwidth. Backward is counted as 2 x this
+    (layer_times), as the count itself was taken: forward and backward of the runtime's block
+    (tests/runtime/test_eager_traffic.py). Zero on a CPU, whose fitted figures were measured
+    on the eager runtime itself (figures.is_cpu), and for fused or compiled frameworks."""
+    from planner.schema.figures import is_cpu
+
+    fw = getattr(job, "framework", None)
+    e = getattr(fw, "eager_bytes_per_element", None)
+    surplus = 0.0 if e is None or getattr(fw, "compiled", False) or is_cpu(machine) else max(e - bytes_per_element(job.precision), 0.0)
+    return surplus * token_elements(model, job, lay) / (machine.memory_bandwidth_gbyte_s * 1e9 * EAGER_BANDWIDTH_FRACTION)
 
 
 def recompute_early_stop(job: TrainingJob) -> bool:
@@ -181,7 +211,7 @@ def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: 
     test_recompute_cost.py."""
     attn = attention_core_time(model, machine, job, lay)
     dense = dense_time(model, machine, job, lay)
-    elem = elementwise_time(machine, elementwise_bytes(model, machine, job, lay))
+    elem = elementwise_time(machine, elementwise_bytes(model, machine, job, lay)) + eager_extra_time(model, machine, job, lay)
     forward = attn + dense + elem
     full = forward - last_gemm_time(model, machine, job, lay) if recompute_early_stop(job) else forward
     recompute = np.where(lay.recompute == RC_FULL, full, np.where(lay.recompute == RC_SELECTIVE, attn, 0.0))

@@ -351,7 +351,8 @@ def _pipeline_problems(plan: Plan) -> list[str]:
 # whole replay), load_plan fills it in for a file that lacks the field (_EARLIER_VALUES).
 _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "precisions": [p.value for p in Precision],
                        "cpu_figures": {}, "loss_traffic_bytes_per_logit": None,
-                       "attention_kernel_speed": 1.0, "recompute_early_stop": False}
+                       "attention_kernel_speed": 1.0, "recompute_early_stop": False,
+                       "eager_bytes_per_element": None, "compiled": False}
 
 
 _EARLIER_VALUES = {name: value for name, value in _FRAMEWORK_DEFAULTS.items()

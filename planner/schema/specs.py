@@ -338,6 +338,13 @@ class FrameworkProfile(Spec):
                                                                      "runtime: 25 MiB of fp32).")
     zero_bucket_params_per_rank: float = Field(
         0.0, ge=0, le=1e15, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
+    eager_bytes_per_element: Annotated[float, Field(gt=0, le=100)] | None = Field(
+        10.2, description="Bytes a block's unfused (eager) elementwise ops move on a GPU per element of the fused "
+                          "count (planner/cost/compute.py eager_extra_bytes; exaplan's eager runtime ~10: fp32 norms "
+                          "and rotary embeddings op by op); None: the framework's kernels are fused (the count).")
+    compiled: bool = Field(False, description="The blocks run through torch.compile (`exaplan plan --compile` "
+                                              "writes `compile: true` into the plan): eager_bytes_per_element does "
+                                              "not apply.")
     shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
                                       description="Data-parallel shardings the framework runs.")
     cpu_figures: dict[str, float] = Field(

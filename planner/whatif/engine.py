@@ -51,10 +51,11 @@ def run_whatif(*, model: str | list[str], machine: str | list[str], nodes: str |
                global_batch: int | None = None, batch_per_rank: int | None = None, framework: str = "exaplan",
                workload: str = "pretrain", reference: str = "in-step", seq_len: int | None = None,
                precision: str | None = None, overrides: list[str] | tuple = (), progress: Progress | None = None,
-               command: str = "", workers: int | None = None) -> WhatifResult:
+               command: str = "", workers: int | None = None, compiled: bool = False) -> WhatifResult:
     """Sweep and answer. Every input is checked before any search (PlanError naming the option).
     `progress(done, total, label)` is called after each point; `workers`: processes for the
-    searches (default: one per core where the sweep is long enough)."""
+    searches (default: one per core where the sweep is long enough); `compiled`: exaplan's blocks
+    through torch.compile (load_framework)."""
     start = time.perf_counter()
     inputs = dict(model=model, machine=machine, nodes=nodes, tokens=tokens, deadline_days=deadline_days,
                   minimise=minimise, fastest=fastest, knee=knee, vary=list(vary), global_batch=global_batch,
@@ -75,7 +76,7 @@ def run_whatif(*, model: str | list[str], machine: str | list[str], nodes: str |
     positive_int(batch_per_rank, "batch-per-rank")
     positive_int(seq_len, "seq-len")
     counts = parse_nodes(nodes)
-    fw = load_framework(framework)
+    fw = load_framework(framework, compiled=compiled)
     cases = _cases(split_names(model, "model"), split_names(machine, "machine"), [parse_vary(v) for v in vary],
                    list(overrides), fw)
     batches = _batches(cases, tokens, seq_len, workload, global_batch)

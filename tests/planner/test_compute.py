@@ -19,14 +19,19 @@ EXACT = dict(rel=1e-12, abs=0.0)
 
 
 def job(seq=4096) -> TrainingJob:
-    return TrainingJob(global_batch=64, seq_len=seq, precision=Precision.bf16)
+    """The fused count's job: exaplan's blocks compiled (the eager surplus has its own test)."""
+    from machine_models import load_framework
+
+    return TrainingJob(global_batch=64, seq_len=seq, precision=Precision.bf16,
+                       framework=load_framework("exaplan", compiled=True))
 
 
 def parts(machine, lay, model=MODEL, seq=4096):
     j = job(seq)
     attn = float(compute.attention_core_time(model, machine, j, lay)[0])
     dense = float(compute.dense_time(model, machine, j, lay)[0])
-    elem = float(compute.elementwise_time(machine, compute.elementwise_bytes(model, machine, j, lay))[0])
+    elem = float(compute.elementwise_time(machine, compute.elementwise_bytes(model, machine, j, lay))[0]
+                 + compute.eager_extra_time(model, machine, j, lay)[0])
     f, fb = (float(x[0]) for x in compute.layer_times(model, machine, j, lay))
     return attn, dense, elem, f, fb
 
@@ -220,3 +225,43 @@ def test_early_stop_leaves_the_down_projection_out_of_full_recompute_only(tp):
         assert saved == pytest.approx(expected, rel=1e-9, abs=1e-15)
         # the forward itself is unchanged
         assert float(compute.layer_times(MODEL, H100, whole, lay)[0][0]) == float(compute.layer_times(MODEL, H100, stops, lay)[0][0])
+
+
+def test_eager_blocks_move_their_counted_bytes_on_a_gpu_only():
+    """exaplan's eager runtime (the default profile) moves eager_bytes_per_element bytes per
+    element of the fused count; the surplus streams at EAGER_BANDWIDTH_FRACTION of the memory
+    bandwidth. Nothing is added when the blocks are compiled, for a fused framework, or on a CPU
+    (whose fitted figures were measured eager)."""
+    from machine_models import load_framework
+
+    lay = Layouts.one(dp=1, mbs=8)
+    j = TrainingJob(global_batch=8, seq_len=512, precision=Precision.bf16)
+    assert j.framework.eager_bytes_per_element == load_framework("exaplan").eager_bytes_per_element > 2
+    elements = compute.elementwise_bytes(MODEL, H100, j, lay) / 2  # flash attention: no scores in the count
+    assert float(elements[0]) == pytest.approx(float(compute.token_elements(MODEL, j, lay)[0]), **EXACT)
+    extra = compute.eager_extra_time(MODEL, H100, j, lay)
+    expected = (j.framework.eager_bytes_per_element - 2) * elements / (H100.memory_bandwidth_gbyte_s * 1e9 * compute.EAGER_BANDWIDTH_FRACTION)
+    assert float(extra[0]) == pytest.approx(float(expected[0]), **EXACT)
+    # fp32: the same bytes per element, 4 of them already in the count
+    j32 = j.model_copy(update={"precision": Precision.fp32})
+    extra32 = compute.eager_extra_time(MODEL, H100, j32, lay)
+    assert float(extra32[0]) == pytest.approx(float(extra[0]) * (j.framework.eager_bytes_per_element - 4)
+                                              / (j.framework.eager_bytes_per_element - 2), **EXACT)
+    compiled = j.model_copy(update={"framework": load_framework("exaplan", compiled=True)})
+    megatron = j.model_copy(update={"framework": load_framework("megatron")})
+    cpu = load_machine("local", ranks=2)
+    for jj, m in ((compiled, H100), (megatron, H100), (j, cpu)):
+        assert float(compute.eager_extra_time(MODEL, m, jj, lay)[0]) == 0.0
+    f_eager, _ = compute.layer_times(MODEL, H100, j, lay)
+    f_comp, _ = compute.layer_times(MODEL, H100, compiled, lay)
+    assert float(f_eager[0] - f_comp[0]) == pytest.approx(float(extra[0]), rel=1e-9)
+
+
+def test_compile_is_only_for_a_profile_with_eager_blocks():
+    from machine_models import load_framework
+    from planner.schema.errors import PlanError
+
+    assert load_framework("exaplan", compiled=True).compiled
+    with pytest.raises(PlanError, match="fused already") as e:
+        load_framework("megatron", compiled=True)
+    assert e.value.field == "compile"
