@@ -55,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--compile", action="store_true", help="torch.compile each block on both sides "
                     "(exaplan run --compile; the plain loop the same way)")
     ap.add_argument("--skip-device", action="store_true", help="skip the ceilings and the attention probe")
+    ap.add_argument("--exaplan-only", action="store_true", help="run exaplan alone, not the plain-torch loop "
+                    "(measured against predicted only)")
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 4, 1
@@ -166,9 +168,11 @@ def run_pair(plan_path: Path, out: Path, args, env: dict) -> dict:
     torch_args = [*(["--compile"] if args.compile else []), "--model", plan["model"]["name"], "--global-batch", str(job["global_batch"]),
                   "--seq-len", str(job["seq_len"]), "--mbs", str(plan["micro_batch_size"]),
                   "--precision", job["precision"], "--steps", str(args.steps)]
-    runs: dict[str, list] = {"exaplan": [], "torch": []}
+    runs: dict[str, list] = {"exaplan": []} if args.exaplan_only else {"exaplan": [], "torch": []}
     for r in range(args.rounds):
         for side in (("exaplan", "torch") if r % 2 == 0 else ("torch", "exaplan")):
+            if side not in runs:
+                continue
             tag = f"{name}-r{r + 1}-{side}"
             lg = out / "logs" / f"{tag}.log"
             log(f"{name} round {r + 1}/{args.rounds}: {side}")
@@ -198,17 +202,35 @@ def run_pair(plan_path: Path, out: Path, args, env: dict) -> dict:
             log(f"  median {rec['median_s'] * 1e3:.1f} ms, min {rec['min_s'] * 1e3:.1f} ms, "
                 f"start-up {rec['startup_s']:.1f} s")
             runs[side].append(rec)
-    return {"plan": str(plan_path), "runs": runs, **compare(plan, runs)}
+    return {"plan": str(plan_path), "runs": runs, **compare(plan, runs, predicted_step_s(plan_path, args.compile))}
 
 
-def compare(plan: dict, runs: dict) -> dict:
-    """Ratios (exaplan over torch, best of the rounds) and MFU measured against predicted."""
-    pred = plan["prediction"]
+def predicted_step_s(plan_path: Path, compiled: bool) -> float:
+    """The plan's predicted step, or with --compile on a plan predicted for eager blocks its
+    layout re-predicted with them compiled (the planner's cost model, as `exaplan plan --compile`)."""
+    from calibration.validate_local import predict
+    from planner.schema.plan import load_plan
+
+    plan = load_plan(plan_path)
+    if not compiled or plan.compile or plan.job.framework.eager_bytes_per_element is None:
+        return plan.prediction.step_time_s
+    framework = plan.job.framework.model_copy(update={"compiled": True})
+    return predict(plan.model_copy(update={"job": plan.job.model_copy(update={"framework": framework})}))["step_time_s"]
+
+
+def compare(plan: dict, runs: dict, step_s: float | None = None) -> dict:
+    """Ratios (exaplan over torch, best of the rounds) and MFU measured against predicted
+    (`step_s`: the predicted step, default the plan's)."""
+    pred = dict(plan["prediction"])
+    if step_s is not None:
+        pred["mfu"] *= pred["step_time_s"] / step_s
+        pred["step_time_s"] = step_s
     peak = plan["machine"]["peak_tflops"][plan["job"]["precision"]] * 1e12
     best = {side: {k: min(r[k] for r in rs) for k in ("median_s", "min_s", "startup_s")} for side, rs in runs.items()}
-    out = {"best": best, "predicted_step_s": pred["step_time_s"], "predicted_mfu": pred["mfu"],
-           "ratio_median": best["exaplan"]["median_s"] / best["torch"]["median_s"],
-           "ratio_min": best["exaplan"]["min_s"] / best["torch"]["min_s"]}
+    out = {"best": best, "predicted_step_s": pred["step_time_s"], "predicted_mfu": pred["mfu"]}
+    if "torch" in best:
+        out.update(ratio_median=best["exaplan"]["median_s"] / best["torch"]["median_s"],
+                   ratio_min=best["exaplan"]["min_s"] / best["torch"]["min_s"])
     for side in runs:
         out[f"mfu_{side}"] = pred["model_flops_per_step"] / best[side]["median_s"] / peak
     out["step_error"] = best["exaplan"]["median_s"] / pred["step_time_s"] - 1
@@ -229,7 +251,13 @@ def table(results: dict) -> str:
               "start-up exaplan / torch (s) | MFU exaplan / torch | predicted step (ms), MFU | step error |",
               "|---|---|---|---|---|---|---|---|"]
     for name, c in results["plans"].items():
-        e, t = c["best"]["exaplan"], c["best"]["torch"]
+        e = c["best"]["exaplan"]
+        t = c["best"].get("torch")
+        if t is None:  # --exaplan-only
+            lines.append(f"| {name} | {e['median_s'] * 1e3:.1f} / {e['min_s'] * 1e3:.1f} | - | - | {e['startup_s']:.1f} / - "
+                         f"| {c['mfu_exaplan']:.1%} / - | {c['predicted_step_s'] * 1e3:.1f}, {c['predicted_mfu']:.1%} | "
+                         f"{c['step_error']:+.1%} |")
+            continue
         lines.append(f"| {name} | {e['median_s'] * 1e3:.1f} / {e['min_s'] * 1e3:.1f} | {t['median_s'] * 1e3:.1f} / "
                      f"{t['min_s'] * 1e3:.1f} | {c['ratio_median']:.3f} / {c['ratio_min']:.3f} | {e['startup_s']:.1f} / "
                      f"{t['startup_s']:.1f} | {c['mfu_exaplan']:.1%} / {c['mfu_torch']:.1%} | "

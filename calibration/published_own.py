@@ -7,7 +7,10 @@ calibration/published_schema.py). Held out: predicted as a check, never fitted.
        - one NVIDIA H200, plans/gpu/protein-3.5b_1xh200.yaml (dgx-h200 with one device:
          micro-batch 32, no accumulation): docs/gpu/2026-11-26-h200-{compile,eager}.json;
        - one NVIDIA H100 80GB HBM3, plans/gpu/protein-3.5b_1xh100.yaml (dgx-h100 with one
-         device: micro-batch 8, 4 accumulation steps): docs/gpu/2026-11-26-h100-{compile,eager}.json.
+         device: micro-batch 8, 4 accumulation steps): docs/gpu/2026-11-26-h100-{compile,eager}.json;
+       - the same H100 card kind at sequence 2048, plans/gpu/protein-3.5b_1xh100_s2048.yaml
+         (micro-batch 2, 8 accumulation steps; attention 4x the share of the step), measured
+         after the eager figure was set, as its check: docs/gpu/2026-11-26-h100-s2048-*.json.
 
 The H200's device kind copies the H100 fit (no published H200 rows); the H100's is fitted, but
 to other frameworks' runs (Megatron-LM, llm-foundry, fms-fsdp), never to this runtime on a GPU.
@@ -27,34 +30,40 @@ from planner.schema.specs import Precision
 SOURCE_M = ("exaplan's own measurement on a lent GPU (torch 2.11.0+cu130, cuDNN flash attention), 2026-11-26: "
             "docs/gpu/2026-11-26-{card}-{{compile,eager}}.json (benchmarks/gpu_check.py)")
 NOTE_M = (
-    "Tokens/s on one GPU: 16,384 tokens per step over the best run's median step (12 steps, the first 4 "
-    "dropped). exaplan's runtime with its exaplan profile (recorded under framework fsdp, whose profile "
+    "Tokens/s on one GPU: the tokens of a step (16,384; the s2048 case 32,768) over the best run's median "
+    "step (12 steps, the first 4 dropped; the s2048 case 10 and 3). exaplan's runtime with its exaplan profile (recorded under framework fsdp, whose profile "
     "it is): one rank, no data parallelism, bf16 autocast on fp32 weights, fused AdamW."
 )
 CARDS = {
-    "h200": ("dgx-h200", 32, "an H200 SXM in a DGX H200; the lent one is an H200 of the same 141 GB / 4.8 TB/s part"),
-    "h100": ("dgx-h100", 8, "an H100 SXM5 in a DGX H100; the lent one is an H100 80GB HBM3, the same part"),
+    "h200": ("dgx-h200", "an H200 SXM in a DGX H200; the lent one is an H200 of the same 141 GB / 4.8 TB/s part"),
+    "h100": ("dgx-h100", "an H100 SXM5 in a DGX H100; the lent one is an H100 80GB HBM3, the same part"),
 }
-TOKENS_PER_STEP = 32 * 512
-# The best run's median step time (s): docs/gpu/2026-11-26-{card}-{mode}.json,
-# plans["protein-3.5b_1x{card}(+compile)"]["best"]["exaplan"]["median_s"].
-MEDIAN_STEP_S = {("h200", "compiled"): 0.5734, ("h200", "eager"): 0.7338,
-                 ("h100", "compiled"): 0.6642, ("h100", "eager"): 0.9143}
+# (card, plan: plans/gpu/protein-3.5b_1x<plan>.yaml, sequence length, global batch, micro-batch)
+CASES = {"h200": ("h200", "h200", 512, 32, 32), "h100": ("h100", "h100", 512, 32, 8),
+         "h100-s2048": ("h100", "h100_s2048", 2048, 16, 2)}
+# The best run's median step time (s): docs/gpu/2026-11-26-<case>-<mode>.json,
+# plans["protein-3.5b_1x<plan>(+compile)"]["best"]["exaplan"]["median_s"]. The s2048 case was
+# measured after eager_bytes_per_element was set from the count (with the first two cases'
+# eager runs beside it), as its check.
+MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
+                 ("h100", "compile"): 0.6642, ("h100", "eager"): 0.9143,
+                 ("h100-s2048", "compile"): 1.3573, ("h100-s2048", "eager"): 1.8649}
 
 
 def own_gpu_runs() -> list[PublishedRun]:
     runs = []
-    for (card, mode), step in MEDIAN_STEP_S.items():
-        machine, mbs, part = CARDS[card]
+    for (case, mode), step in MEDIAN_STEP_S.items():
+        card, _, seq, gbs, mbs = CASES[case]
+        machine, part = CARDS[card]
         runs.append(PublishedRun(
-            id=f"M-protein-3.5b-{card}-{'compile' if mode == 'compiled' else 'eager'}", section="M",
-            source=SOURCE_M.format(card=card), model=get_model("protein-3.5b"), machine=machine, framework="fsdp",
-            gpus=1, layout=PublishedLayout(dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=32,
+            id=f"M-protein-3.5b-{case}-{mode}", section="M", source=SOURCE_M.format(card=case),
+            model=get_model("protein-3.5b").model_copy(update={"seq_len": seq}), machine=machine, framework="fsdp",
+            gpus=1, layout=PublishedLayout(dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs,
                                            recompute=Recompute.none),
-            precision=Precision.bf16, exaplan_runtime=mode, figure=round(TOKENS_PER_STEP / step, 1),
-            kind="tokens_per_s_per_gpu", flop_convention="none", assumed=[],
+            precision=Precision.bf16, exaplan_runtime="compiled" if mode == "compile" else "eager",
+            figure=round(gbs * seq / step, 1), kind="tokens_per_s_per_gpu", flop_convention="none", assumed=[],
             note=f"{NOTE_M} Machine {machine} ({part}). "
-                 + ("Blocks compiled (exaplan run --compile)." if mode == "compiled" else
+                 + ("Blocks compiled (exaplan run --compile)." if mode == "compile" else
                     "Eager (no --compile): unfused elementwise kernels (eager_bytes_per_element)."),
         ))
     return runs

@@ -34,6 +34,9 @@ EXAMPLES = {
                                     "--global-batch 32 --draws 0",
     "gpu/protein-3.5b_1xh100.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
                                     "--global-batch 32 --draws 0",
+    # Held out from the eager count's first check: sequences 4x longer (attention 4x the share).
+    "gpu/protein-3.5b_1xh100_s2048.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
+                                          "--global-batch 16 --seq-len 2048 --draws 0",
 }
 
 

@@ -131,10 +131,12 @@ class ProteinLM(nn.Module):
         # Context parallelism (runtime/parallel/context.py, set by apply_cp): None = off.
         self.cp = None
 
-    def setup_rope(self, device=None) -> None:
-        """Rotary tables (not parameters, not checkpointed): call after materialising."""
+    def setup_rope(self, device=None, seq_len: int | None = None) -> None:
+        """Rotary tables (not parameters, not checkpointed): call after materialising. They
+        cover the model's context and `seq_len`, the job's, where a plan trains longer ones."""
         if self.spec.position == "rope":
-            self.rope_cos, self.rope_sin = rope_tables(self.spec.head_dim, self.spec.seq_len, device=device)
+            length = max(self.spec.seq_len, seq_len or 0)
+            self.rope_cos, self.rope_sin = rope_tables(self.spec.head_dim, length, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tok_embeddings is not None:

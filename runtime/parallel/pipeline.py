@@ -336,7 +336,7 @@ def _stage(chunk: nn.Module, index: int, n_stages: int, device: torch.device, gr
     if the chunk lacks them)."""
     inner = _unwrap(chunk)
     if isinstance(inner, ProteinLM) and inner.rope_cos is None and inner.spec.position == "rope":
-        inner.setup_rope(device)
+        inner.setup_rope(device, token_shape[1])
     # Static metadata: torch takes requires_grad from these examples (a float activation
     # without it would get no gradient sent back), so floating ones require grad.
     if index == 0:

@@ -36,6 +36,22 @@ def test_measured_against_predicted():
     assert "| p | 800.0 / 700.0 | 1000.0 / 1000.0 | 0.800 / 0.700 | 5.0 / 4.0 | 50.0% / 40.0% | 500.0, 80.0% | +60.0% |" in text
 
 
+def test_with_compile_an_eager_plan_is_compared_with_its_compiled_prediction():
+    """--compile on the (eager) 3.5b plan: the layout re-predicted with compiled blocks, faster
+    by the eager surplus; without --compile, the plan's own prediction."""
+    path = gpu_check.PLANS / "protein-3.5b_1xh100.yaml"
+    plan = yaml.safe_load(path.read_text())
+    assert not plan["compile"]
+    eager = gpu_check.predicted_step_s(path, compiled=False)
+    compiled = gpu_check.predicted_step_s(path, compiled=True)
+    assert eager == plan["prediction"]["step_time_s"]
+    assert 0.6 < compiled / eager < 0.9
+    c = gpu_check.compare(_plan(step=0.5), {"exaplan": [{"median_s": 0.4, "min_s": 0.4, "startup_s": 1.0}],
+                                             "torch": [{"median_s": 0.4, "min_s": 0.4, "startup_s": 1.0}]}, 0.4)
+    assert c["predicted_step_s"] == 0.4 and c["predicted_mfu"] == pytest.approx(4e14 / 0.4 / 1e15)
+    assert c["step_error"] == pytest.approx(0.0)
+
+
 def test_the_default_plans_exist_and_are_one_gpu_plans():
     """Without CUDA the default is the 80 GB card's plan; both 3.5b plans and the demo's exist,
     each one rank, the 3.5b ones bf16."""

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from calibration.published import held_out_runs, published_runs
-from calibration.published_own import TOKENS_PER_STEP, own_gpu_runs
+from calibration.published_own import CASES, own_gpu_runs
 from calibration.validate_published import predict
 from machine_models.loader import load_machine
 
@@ -20,25 +20,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _card_mode(run):
-    _, card, mode = run.id.rsplit("-", 2)
-    return card, mode
+    case, mode = run.id.removeprefix("M-protein-3.5b-").rsplit("-", 1)
+    return case, mode
 
 
-def _plan(card: str) -> dict:
-    return yaml.safe_load((ROOT / "plans" / "gpu" / f"protein-3.5b_1x{card}.yaml").read_text())
+def _plan(case: str) -> dict:
+    return yaml.safe_load((ROOT / "plans" / "gpu" / f"protein-3.5b_1x{CASES[case][1]}.yaml").read_text())
 
 
 def test_the_records_are_the_measured_runs():
     runs = {_card_mode(r): r for r in own_gpu_runs()}
-    assert set(runs) == {(c, m) for c in ("h200", "h100") for m in ("compile", "eager")}
-    for (card, mode), run in runs.items():
-        plan = _plan(card)
-        assert plan["job"]["global_batch"] * plan["job"]["seq_len"] == TOKENS_PER_STEP
-        evidence = json.loads((ROOT / "docs" / "gpu" / f"2026-11-26-{card}-{mode}.json").read_text())
-        key = f"protein-3.5b_1x{card}" + ("+compile" if mode == "compile" else "")
+    assert set(runs) == {(c, m) for c in ("h200", "h100", "h100-s2048") for m in ("compile", "eager")}
+    for (case, mode), run in runs.items():
+        plan = _plan(case)
+        tokens = plan["job"]["global_batch"] * plan["job"]["seq_len"]
+        assert run.model.seq_len == plan["job"]["seq_len"] and run.layout.global_batch == plan["job"]["global_batch"]
+        evidence = json.loads((ROOT / "docs" / "gpu" / f"2026-11-26-{case}-{mode}.json").read_text())
+        key = f"protein-3.5b_1x{CASES[case][1]}" + ("+compile" if mode == "compile" else "")
         assert evidence["config"].get("compile", False) == (mode == "compile")  # the first H200 run predates the key
         median = evidence["plans"][key]["best"]["exaplan"]["median_s"]
-        assert run.figure == pytest.approx(TOKENS_PER_STEP / median, rel=1e-3)
+        assert run.figure == pytest.approx(tokens / median, rel=1e-3)
         assert run.layout.micro_batch == plan["micro_batch_size"] and run.layout.dp == 1
         assert run.layout.gas == plan["grad_accumulation_steps"]
         assert run.model.hidden == plan["model"]["hidden"] and run.model.layers == plan["model"]["layers"]
@@ -54,11 +55,11 @@ def test_held_out_and_predicted_within_the_stated_uncertainty():
         plan = _plan(card)
         unc = plan["prediction"]["uncertainty"]
         # The H100 kind is fitted (its leave-one-out band), the H200 copies it (+/-30%).
-        assert unc["fitted"] == (card == "h100")
+        assert unc["fitted"] == card.startswith("h100")
         assert not plan["compile"]  # the plans are eager, as `exaplan run` runs them by default
         predicted[card, mode], _ = predict(run, load_machine(run.machine))
         if mode == "eager":  # the plan's own prediction
             assert predicted[card, mode] == pytest.approx(plan["prediction"]["tokens_per_s"], rel=1e-6)
         assert abs(predicted[card, mode] / run.figure - 1) < unc["step_time"], run.id
-    for card in ("h200", "h100"):  # compiling removes the eager term: 20-30% faster on these plans
+    for card in CASES:  # compiling removes the eager term: 20-30% faster on these plans
         assert 1.15 < predicted[card, "compile"] / predicted[card, "eager"] < 1.4

@@ -63,3 +63,20 @@ def test_init_depends_on_the_name_not_on_wrappers():
     wrapped = full_init("module.layers.3._checkpoint_wrapped_module.attention.wq.weight", (128, 128), spec, seed=1)
     assert torch.equal(plain, wrapped)
     assert not torch.equal(plain, full_init("layers.2.attention.wq.weight", (128, 128), spec, seed=1))
+
+
+def test_a_job_longer_than_the_models_context_gets_rotary_tables_for_it():
+    """`exaplan plan --seq-len 2048` on a 512-token preset: the job's sequences, not the model's,
+    size the rotary tables (a 2048-token plan on an H100 failed at its first forward before)."""
+    short = MODEL_PRESETS["protein-tiny"]
+    long = short.model_copy(update={"seq_len": 2 * short.seq_len})
+    a, b = ProteinLM(short), ProteinLM(long)
+    init_weights(a, short, seed=3)
+    init_weights(b, long, seed=3)
+    a.setup_rope(seq_len=long.seq_len)
+    b.setup_rope()
+    x = torch.randint(5, 31, (2, long.seq_len))
+    assert torch.equal(a(x), b(x))  # the same model at the longer context
+    a.setup_rope()
+    with pytest.raises(RuntimeError):
+        a(x)  # tables for the model's context alone are too short

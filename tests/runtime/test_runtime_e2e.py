@@ -144,3 +144,17 @@ def test_compiled_blocks_train_like_eager(tmp_path):
     assert sorted(losses["eager"]) == sorted(losses["compile"]) == [0, 1, 2]
     for step, loss in losses["eager"].items():
         assert losses["compile"][step] == pytest.approx(loss, rel=1e-4), step
+
+
+@pytest.mark.timeout(300)
+def test_a_plan_longer_than_the_models_context_runs(tmp_path):
+    """A plan at twice protein-tiny's 128-token context (`--seq-len 256`): the rotary tables
+    cover the job's sequences (before, the first forward failed on a shape mismatch)."""
+    path = tmp_path / "long.yaml"
+    sh("estimate", "--model", "protein-tiny", "--machine", "local", "--nodes", "1", "--set", "machine.devices_per_node=1",
+       "--seq-len", "256", "--global-batch", "2", "--dp", "1", "--mbs", "2", "--shard", "none", "-o", str(path))
+    out = tmp_path / "run"
+    sh("run", str(path), "--out", str(out), "--steps", "2", "--io-mode", "synthetic", "--val-every", "0",
+       "--val-batches", "1", "--log-every", "1", "--no-final-checkpoint")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["tokens_per_step"] == 2 * 256
