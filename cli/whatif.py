@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-from cli.common import FRAMEWORK_HELP, REFERENCE_HELP, WORKLOAD_HELP, add_json_option, add_set_option, command_line, console
+from cli.common import COMPILE_HELP, FRAMEWORK_HELP, REFERENCE_HELP, WORKLOAD_HELP, add_json_option, add_set_option, command_line, console
 from planner.schema.errors import PlanError
 
 BATCH_RULE = ("Fair comparison: by default every machine and node count of a model trains with ONE global batch, the "
@@ -57,6 +57,7 @@ def add_parser(sub) -> None:
     w.add_argument("--workload", choices=["pretrain", "dpo"], default="pretrain", help=WORKLOAD_HELP)
     w.add_argument("--reference", choices=["in-step", "precomputed"], default="in-step", help=REFERENCE_HELP)
     w.add_argument("--framework", default="exaplan", metavar="NAME", help=FRAMEWORK_HELP)
+    w.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     add_set_option(w)
     add_json_option(w, "print the result as JSON (points, answers, inputs) instead of tables")
     w.add_argument("--csv", metavar="FILE", help="also write one CSV row per point")
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             deadline_days=args.deadline_days, minimise=args.minimise, fastest=args.fastest, knee=args.knee,
             vary=args.vary, global_batch=args.global_batch, batch_per_rank=args.batch_per_rank,
             framework=args.framework, workload=args.workload, reference=args.reference, seq_len=args.seq_len,
-            precision=args.precision, overrides=args.overrides, progress=bar, command=_command(args))
+            precision=args.precision, overrides=args.overrides, progress=bar, command=_command(args),
+            compiled=args.compile)
     finally:
         bar.close()
     if args.csv:

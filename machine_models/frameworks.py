@@ -62,7 +62,7 @@ def load_framework(name: str | None = None, path: Path = FRAMEWORKS_FILE, compil
                         field=str(path))
     if compiled:
         if profile.eager_bytes_per_element is None:
-            raise PlanError(f"compiles the blocks of exaplan's torch runtime; the {name} profile's kernels are fused "
-                            f"already (use --framework exaplan, or drop --compile)", field="compile")
+            raise PlanError(f"applies to exaplan's torch runtime, whose blocks otherwise run eager; the {name} profile's "
+                            f"kernels are fused already (use --framework exaplan, or drop --compile)", field="compile")
         profile = profile.model_copy(update={"compiled": True})
     return profile
