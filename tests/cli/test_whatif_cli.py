@@ -92,3 +92,25 @@ def test_capacity_is_an_alias_of_whatif(capsys):
     what = json.loads(out)
     assert [r["days"] for r in cap["rows"]] == [p["days"] for p in what["points"]]
     assert cap["fewest_nodes"] == what["deadline"][0]["fewest"]["nodes"]
+
+
+def test_compile_answers_for_compiled_blocks(capsys):
+    """whatif --compile (and capacity --compile): the same sweep with exaplan's blocks compiled
+    is faster at every point on a GPU machine (the eager surplus gone); a fused framework with
+    --compile is exit 2."""
+    argv = ["whatif", "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "8,16", "--tokens", "1e12", "--json"]
+    days = {}
+    for extra in ([], ["--compile"]):
+        rc, out, _ = run(capsys, *argv, *extra)
+        assert rc == 0
+        days[bool(extra)] = [p["days"] for p in json.loads(out)["points"]]
+    assert all(0.6 < c / e < 0.9 for e, c in zip(days[False], days[True])), days
+    cap = {}
+    for extra in ([], ["--compile"]):  # capacity's own batch rule (8 sequences a rank)
+        rc, out, _ = run(capsys, "capacity", "--model", "protein-7b", "--machine", "dgx-h100", "--tokens", "1e12",
+                         "--nodes", "8", *extra, "--json")
+        assert rc == 0
+        cap[bool(extra)] = json.loads(out)["rows"][0]["days"]
+    assert 0.6 < cap[True] / cap[False] < 0.9
+    rc, _, err = run(capsys, *argv, "--framework", "megatron", "--compile")
+    assert rc == 2 and "compile:" in err

@@ -3,6 +3,8 @@ offers, applied by the cost model and recorded in the plan."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cli.main import main
@@ -110,3 +112,27 @@ def test_the_search_keeps_to_what_the_framework_runs():
     no_sp = FrameworkProfile(sequence_parallel=False)
     res = search(model, machine, make_job(model, machine, 128, 1024, None, None, None, framework=no_sp), 16, top_k=50)
     assert not res.layouts.sp.any()
+
+
+def test_compile_plans_compiled_blocks(tmp_path, capsys):
+    """`--compile`: the plan says `compile: true` and predicts the blocks compiled, faster than
+    the eager plan of the same layout on a GPU; for a fused framework it is refused (exit 2,
+    nothing written); on a CPU it changes no prediction."""
+    common = ["estimate", "--model", "protein-3.5b", "--machine", "dgx-h100", "--set", "machine.devices_per_node=1",
+              "--nodes", "1", "--dp", "1", "--mbs", "8", "--global-batch", "32", "--shard", "none"]
+    assert main([*common, "-o", str(tmp_path / "eager.yaml")]) == 0
+    assert main([*common, "--compile", "-o", str(tmp_path / "compiled.yaml")]) == 0
+    eager, compiled = load_plan(tmp_path / "eager.yaml"), load_plan(tmp_path / "compiled.yaml")
+    assert not eager.compile and compiled.compile and compiled.job.framework.compiled
+    assert 0.65 < compiled.prediction.step_time_s / eager.prediction.step_time_s < 0.85
+    capsys.readouterr()
+    assert main([*common, "--framework", "megatron", "--compile", "-o", str(tmp_path / "no.yaml")]) == 2
+    assert "compile: applies to exaplan's torch runtime" in capsys.readouterr().err
+    assert not (tmp_path / "no.yaml").exists()
+    cpu = ["estimate", "--model", "protein-tiny", "--machine", "local", "--nodes", "1", "--dp", "2", "--mbs", "2",
+           "--global-batch", "8", "--shard", "none", "--precision", "fp32", "--json"]
+    steps = []
+    for extra in ([], ["--compile"]):
+        assert main([*cpu, *extra]) == 0
+        steps.append(json.loads(capsys.readouterr().out))
+    assert steps[0]["step_time_s"] == steps[1]["step_time_s"]
