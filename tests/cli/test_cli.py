@@ -136,10 +136,14 @@ def test_explain_a_written_plan(capsys, tmp_path):
     assert rc == 0, err
     rc, out, err = run(capsys, "explain", "p.yaml")
     assert rc == 0, err
-    for text in ("protein-tiny", "dgx-h100", "Mesh", "Collectives", "Prediction", "content hash", "(checked)"):
+    for text in ("protein-tiny", "dgx-h100", "Mesh", "Collectives", "Prediction", "content hash", "(checked)",
+                 "blocks eager"):
         assert text in out
     data = run_json(capsys, "explain", "p.yaml")
     assert data == load_plan(tmp_path / "p.yaml").model_dump(mode="json")
+    rc, _, err = run(capsys, *SMALL_PLAN, "--compile", "-o", "c.yaml")
+    assert rc == 0, err
+    assert "blocks compiled" in run(capsys, "explain", "c.yaml")[1]
 
 
 @pytest.mark.parametrize("which", ["all", "plan", "model", "machine", "job"])
