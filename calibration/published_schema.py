@@ -168,7 +168,8 @@ class PublishedRun(Spec):
         profile = load_framework(PROFILE_OF[self.framework]).model_copy(update={
             "overlap_dp": None, "step_overhead_s": None, "flash_attention": self.flash_attention,
             "compiled": self.exaplan_runtime == "compiled",
-            **({} if self.exaplan_runtime else {"eager_bytes_per_element": None}),
+            **({} if self.exaplan_runtime else {"eager_bytes_per_element": None, "launch_us_per_op": None,
+                                                "step_launch_s": 0.0}),
             "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0,
             **({"grad_reduce_dtype": "bf16"} if self.grad_reduce_bf16 else {}),
             **({"attention_kernel_speed": FLASH_V1_SPEED} if self.flash_attention_v1 else {}),

@@ -34,6 +34,12 @@ EXAMPLES = {
                                     "--global-batch 32 --draws 0",
     "gpu/protein-3.5b_1xh100.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
                                     "--global-batch 32 --draws 0",
+    # The demo's workload at 4 micro-batches a step (1 and 4 sequences each): what a step costs
+    # per micro-batch and per optimizer step where kernel launches, not the GPU, set the pace.
+    "gpu/demo_1gpu_mbs1x4.yaml": "--model protein-small --machine dgx-h100 --set machine.devices_per_node=1 "
+                                 "--global-batch 4 --seq-len 128 --precision fp32 --mbs 1 --recompute none --draws 0",
+    "gpu/demo_1gpu_mbs4x4.yaml": "--model protein-small --machine dgx-h100 --set machine.devices_per_node=1 "
+                                 "--global-batch 16 --seq-len 128 --precision fp32 --mbs 4 --recompute none --draws 0",
     # Held out from the eager count's first check: sequences 4x longer (attention 4x the share).
     "gpu/protein-3.5b_1xh100_s2048.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
                                           "--global-batch 16 --seq-len 2048 --draws 0",

@@ -267,11 +267,48 @@ def forward_overhead_s(machine: MachineModel, blocks) -> np.ndarray:
     return machine.op_overhead_us * 1e-6 * (np.asarray(blocks) * BLOCK_FORWARD_OPS + HEAD_FORWARD_OPS)
 
 
+def _block_ops(recompute) -> np.ndarray:
+    """Operators one block launches for one micro-batch: forward, backward and recompute."""
+    rc = np.asarray(recompute)
+    return 3 * BLOCK_FORWARD_OPS + np.where(rc == RC_FULL, BLOCK_FORWARD_OPS, np.where(rc == RC_SELECTIVE, 1, 0))
+
+
 def framework_overhead_s(machine: MachineModel, blocks, recompute, tp=1) -> np.ndarray:
     """Per micro-batch: op_overhead_us for every operator the blocks and the head launch in
     forward, backward and recompute, plus dtensor_op_overhead_us for the blocks' operators
     when they run on tensor-parallel DTensors."""
-    rc = np.asarray(recompute)
-    per_block = 3 * BLOCK_FORWARD_OPS + np.where(rc == RC_FULL, BLOCK_FORWARD_OPS, np.where(rc == RC_SELECTIVE, 1, 0))
     dtensor = np.where(np.asarray(tp) > 1, machine.dtensor_op_overhead_us, 0.0)
-    return 1e-6 * ((machine.op_overhead_us + dtensor) * blocks * per_block + machine.op_overhead_us * 3 * HEAD_FORWARD_OPS)
+    return 1e-6 * ((machine.op_overhead_us + dtensor) * blocks * _block_ops(recompute)
+                   + machine.op_overhead_us * 3 * HEAD_FORWARD_OPS)
+
+
+def _launch_us(machine: MachineModel, job: TrainingJob) -> float:
+    """The framework's host time per operator on a GPU (its profile's launch_us_per_op) where
+    it runs eager; 0 on a CPU (op_overhead_us charges it there), compiled, or without a figure."""
+    from planner.schema.figures import is_cpu
+
+    fw = getattr(job, "framework", None)
+    us = getattr(fw, "launch_us_per_op", None)
+    return 0.0 if us is None or getattr(fw, "compiled", False) or is_cpu(machine) else float(us)
+
+
+def launch_floor_s(machine: MachineModel, job: TrainingJob, blocks, recompute, reference_forward=False) -> np.ndarray:
+    """Per micro-batch: the least time the host takes to issue the operators of the blocks
+    and the head (forward, backward, recompute; a frozen reference model's forward too) on a
+    GPU, launch_us_per_op each. The GPU cannot finish a micro-batch before its kernels are
+    launched, so a micro-batch takes the larger of its GPU time and this (planner/cost/
+    step.py unit_costs): a small model on a fast GPU is launch-bound (protein-small on an
+    H100: 16 ms a micro-batch whatever its size, docs/gpu/2026-11-26-h100-launch.json)."""
+    ops = np.asarray(blocks) * _block_ops(recompute) + 3 * HEAD_FORWARD_OPS
+    if reference_forward:
+        ops = ops + np.asarray(blocks) * BLOCK_FORWARD_OPS + HEAD_FORWARD_OPS
+    return 1e-6 * _launch_us(machine, job) * ops
+
+
+def step_launch_floor_s(machine: MachineModel, job: TrainingJob) -> float:
+    """Per optimizer step: the host's fixed work around the optimizer on a GPU (gradient
+    clipping, the fused optimizer's launches, the loss's synchronisation, the step's records:
+    the profile's step_launch_s), where the framework runs eager; the optimizer's own time
+    is the larger of its GPU time and this (dp.mesh_costs)."""
+    fw = getattr(job, "framework", None)
+    return float(getattr(fw, "step_launch_s", 0.0) or 0.0) if _launch_us(machine, job) > 0 else 0.0

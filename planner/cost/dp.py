@@ -204,6 +204,7 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     # Operators the optimizer launches: per parameter tensor, or per flat bucket under ZeRO.
     tensors = np.where(zero, d.zb, d.n_blocks * compute.TENSORS_PER_BLOCK + 3)
     optimizer_s = optimizer_s + machine.step_overhead_s + machine.op_overhead_us * 1e-6 * compute.OPTIMIZER_OPS_PER_TENSOR * tensors
+    optimizer_s = np.maximum(optimizer_s, compute.step_launch_floor_s(machine, job))  # the host's fixed work, on a GPU
     return MeshCosts(
         F_total, F_floor, K_total, K_floor,
         F_per_mb=d.fsdp, K_per_mb=d.fsdp | (s == SH_ZERO2),

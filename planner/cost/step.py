@@ -158,6 +158,9 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
         # The frozen reference model's forward over the same sequences (no backward, no
         # recompute); `load` counts the head in block units, so load x forward covers its share.
         compute_mb = compute_mb + load * v * f_layer + compute.forward_overhead_s(machine, blocks_on_rank)
+    # On a GPU a micro-batch takes at least the host's time to launch its operators.
+    compute_mb = np.maximum(compute_mb, compute.launch_floor_s(machine, job, blocks_on_rank, u.recompute,
+                                                               job.reference_in_step))
     return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed)
 
 

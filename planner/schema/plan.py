@@ -352,7 +352,8 @@ def _pipeline_problems(plan: Plan) -> list[str]:
 _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "precisions": [p.value for p in Precision],
                        "cpu_figures": {}, "loss_traffic_bytes_per_logit": None,
                        "attention_kernel_speed": 1.0, "recompute_early_stop": False,
-                       "eager_bytes_per_element": None, "compiled": False}
+                       "eager_bytes_per_element": None, "compiled": False, "launch_us_per_op": None,
+                       "step_launch_s": 0.0}
 
 
 _EARLIER_VALUES = {name: value for name, value in _FRAMEWORK_DEFAULTS.items()

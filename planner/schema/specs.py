@@ -342,6 +342,13 @@ class FrameworkProfile(Spec):
         10.2, description="Bytes a block's unfused (eager) elementwise ops move on a GPU per element of the fused "
                           "count (planner/cost/compute.py eager_extra_bytes; exaplan's eager runtime ~10: fp32 norms "
                           "and rotary embeddings op by op); None: the framework's kernels are fused (the count).")
+    launch_us_per_op: Annotated[float, Field(gt=0, le=1e4)] | None = Field(
+        20.4, description="Host time per operator on a GPU where the blocks run eager (dispatch, launch, Python), us: "
+                          "a micro-batch takes at least its operators x this (planner/cost/compute.py "
+                          "launch_floor_s); exaplan's runtime measured on an H100 host; None: no floor.")
+    step_launch_s: Annotated[float, Field(ge=0, le=10)] = Field(
+        0.004, description="Host time per optimizer step on a GPU where the blocks run eager (clipping, the optimizer's "
+                           "launches, the loss's synchronisation, records), s: the optimizer's time is at least this.")
     compiled: bool = Field(False, description="The blocks run through torch.compile (`exaplan plan --compile` "
                                               "writes `compile: true` into the plan): eager_bytes_per_element does "
                                               "not apply.")

@@ -18,8 +18,7 @@ from planner.schema.specs import FrameworkProfile, Precision, Sharding
 from planner.search.pins import Pins
 from planner.search.search import search
 
-# protein-7b on 16 DGX H100 nodes: the torch search picks a pipeline with context parallelism
-# here (plans/protein-7b_dgx-h100_16n.yaml: pp 8, cp 2).
+# protein-7b on 16 DGX H100 nodes (the torch search's plan: plans/protein-7b_dgx-h100_16n.yaml).
 H100 = ("--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "16", "--global-batch", "1024", "--draws", "0")
 
 
@@ -159,7 +158,7 @@ def _body(name: str) -> dict:
 
 
 def test_a_jax_plan_refuses_pipelines_context_parallelism_and_dpo():
-    body = _body("protein-7b_dgx-h100_16n.yaml")  # pp 8, cp 2
+    body = _body("protein-70b_frontier_64n.yaml")  # pp 16, cp 2
     assert body["mesh"]["pp"] > 1 and body["mesh"]["cp"] > 1
     Plan.model_validate({**body, "backend": "torch"})
     with pytest.raises(ValueError) as err:

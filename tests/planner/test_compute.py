@@ -265,3 +265,44 @@ def test_compile_is_only_for_a_profile_with_eager_blocks():
     with pytest.raises(PlanError, match="fused already") as e:
         load_framework("megatron", compiled=True)
     assert e.value.field == "compile"
+
+
+def test_a_small_model_on_a_gpu_is_launch_bound():
+    """Eager blocks on a GPU: a micro-batch takes at least its operators x launch_us_per_op,
+    a step at least step_launch_s around the optimizer; protein-small's micro-batches are
+    launch-bound on an H100 (their size does not matter), protein-3.5b's are not. The figures
+    are the ones the evidence gives: per micro-batch and per step from the runs at 1 and 4
+    micro-batches a step (docs/gpu/2026-11-26-h100-launch.json)."""
+    import json
+    from pathlib import Path
+
+    from machine_models import load_framework
+    from planner.cost.step import evaluate
+
+    runs = json.loads((Path(__file__).resolve().parents[2] / "docs/gpu/2026-11-26-h100-launch.json").read_text())
+    median = {name: p["best"]["exaplan"]["median_s"] for name, p in runs["plans"].items()}
+    per_mb = (median["demo_1gpu_mbs1x4"] - median["demo_1gpu"]) / 3
+    per_step = median["demo_1gpu"] - per_mb
+    fw = load_framework("exaplan")
+    small = get_model("protein-small")
+    ops = small.layers * 3 * compute.BLOCK_FORWARD_OPS + 3 * compute.HEAD_FORWARD_OPS
+    assert fw.launch_us_per_op * 1e-6 * ops == pytest.approx(per_mb, rel=0.02)
+    assert fw.step_launch_s == pytest.approx(per_step, rel=0.05)
+    j = TrainingJob(global_batch=16, seq_len=128, precision=Precision.fp32)
+    steps = {}
+    for mbs in (1, 4):
+        ev = evaluate(small, H100, j, Layouts.one(dp=1, mbs=mbs, gas=16 // mbs))
+        steps[mbs] = float(ev.step_time_s[0])
+    assert steps[1] == pytest.approx(16 * per_mb + per_step, rel=0.03)  # launch-bound: 16 micro-batches
+    assert steps[4] == pytest.approx(4 * per_mb + per_step, rel=0.03)
+    compiled = j.model_copy(update={"framework": load_framework("exaplan", compiled=True)})
+    megatron = j.model_copy(update={"framework": load_framework("megatron")})
+    for other in (compiled, megatron):
+        assert float(evaluate(small, H100, other, Layouts.one(dp=1, mbs=4, gas=4)).step_time_s[0]) < 0.5 * steps[4]
+    cpu = load_machine("local", ranks=1)
+    assert float(compute.launch_floor_s(cpu, j, 8, 0)) == 0.0 and compute.step_launch_floor_s(cpu, j) == 0.0
+    big = get_model("protein-3.5b")
+    jb = TrainingJob(global_batch=32, seq_len=512, precision=Precision.bf16)
+    lay = Layouts.one(dp=1, mbs=8, gas=4)
+    _, fb = compute.layer_times(big, H100, jb, lay)
+    assert float(compute.launch_floor_s(H100, jb, big.layers, 0)) < 0.25 * float(fb[0]) * big.layers  # 32 ms of 207

@@ -42,7 +42,12 @@ def lay(**kw) -> Layouts:
 
 
 def job(gb=8, seq=512, precision=Precision.bf16) -> TrainingJob:
-    return TrainingJob(global_batch=gb, seq_len=seq, precision=precision)
+    """exaplan's blocks compiled: no eager surplus, no launch floor (their own tests:
+    test_compute.py), so each term here is the one under test."""
+    from machine_models import load_framework
+
+    return TrainingJob(global_batch=gb, seq_len=seq, precision=precision,
+                       framework=load_framework("exaplan", compiled=True))
 
 
 def states_per_param(model, j, layouts) -> np.ndarray:
