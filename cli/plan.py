@@ -148,5 +148,22 @@ def _print(out, args, model, machine, job, result, plan, stats) -> None:
     if env:
         out.print(f"collective settings: {env}")
     out.print(f"time to train {job.token_budget:.3g} tokens: {ev.time_to_train_days[0]:.2f} days")
+    compiled = _compiled_step_s(model, machine, job, lay, float(ev.step_time_s[0]))
+    if compiled is not None:
+        out.print(f"blocks eager, as `exaplan run` runs this plan; compiled (--compile) this layout would take "
+                  f"{compiled:.4g} s a step ({compiled / ev.step_time_s[0] - 1:+.0%})")
     if not args.no_write:
         out.print(f"wrote {args.output}  (run `exaplan explain {args.output}` for the full report)")
+
+
+def _compiled_step_s(model, machine, job, lay, eager_step_s: float) -> float | None:
+    """The best layout's step with the blocks compiled, where the plan runs them eager on a GPU
+    and compiling changes its prediction (None otherwise: a CPU, a fused framework)."""
+    from planner.cost.step import evaluate
+
+    fw = job.framework
+    if fw.compiled or (fw.eager_bytes_per_element is None and fw.launch_us_per_op is None):
+        return None
+    compiled_job = job.model_copy(update={"framework": fw.model_copy(update={"compiled": True})})
+    step = float(evaluate(model, machine, compiled_job, lay.take([0])).step_time_s[0])
+    return step if step < eager_step_s * (1 - 1e-9) else None

@@ -136,3 +136,11 @@ def test_compile_plans_compiled_blocks(tmp_path, capsys):
         assert main([*cpu, *extra]) == 0
         steps.append(json.loads(capsys.readouterr().out))
     assert steps[0]["step_time_s"] == steps[1]["step_time_s"]
+    # `plan` says what compiling the chosen layout would give, when it is eager on a GPU.
+    plan = ["plan", "--model", "protein-3.5b", "--machine", "dgx-h100", "--set", "machine.devices_per_node=1",
+            "--global-batch", "32", "--draws", "0", "--no-write"]
+    assert main(plan) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("blocks eager"))
+    assert "compiled (--compile) this layout would take" in line and "(-2" in line  # 20-29% less
+    assert main([*plan, "--compile"]) == 0
+    assert "blocks eager" not in capsys.readouterr().out
