@@ -89,7 +89,8 @@ def _row(run: PublishedRun, machine: MachineModel) -> ValidationRow:
     predicted, ev = predict(run, machine)
     return ValidationRow(
         id=run.id, section=run.section, model=run.model.name, machine=run.machine, device=machine.device_name,
-        framework=run.framework, gpus=run.gpus, layout=run.layout.describe(), kind=run.kind, unit=run.unit,
+        framework=run.framework, gpus=run.gpus, kind=run.kind, unit=run.unit,
+        layout=run.layout.describe() + (f" {run.exaplan_runtime}" if run.exaplan_runtime else ""),
         published=run.figure, predicted=predicted, error=predicted / run.figure - 1.0, step_time_s=float(ev.step_time_s[0]),
         breakdown_s={k: float(getattr(ev, k)[0]) for k in ("compute_s", "bubble_s", "tp_s", "dp_s", "pp_s", "optimizer_s")},
         fits_memory=bool(ev.memory.fits[0]), assumed=list(run.assumed),
