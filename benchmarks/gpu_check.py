@@ -202,20 +202,32 @@ def run_pair(plan_path: Path, out: Path, args, env: dict) -> dict:
             log(f"  median {rec['median_s'] * 1e3:.1f} ms, min {rec['min_s'] * 1e3:.1f} ms, "
                 f"start-up {rec['startup_s']:.1f} s")
             runs[side].append(rec)
-    return {"plan": str(plan_path), "runs": runs, **compare(plan, runs, predicted_step_s(plan_path, args.compile))}
+    return {"plan": str(plan_path), "runs": runs, **compare(plan, runs, predicted_step_s(plan_path, args.compile, env))}
 
 
-def predicted_step_s(plan_path: Path, compiled: bool) -> float:
-    """The plan's predicted step, or with --compile on a plan predicted for eager blocks its
-    layout re-predicted with them compiled (the planner's cost model, as `exaplan plan --compile`)."""
-    from calibration.validate_local import predict
-    from planner.schema.plan import load_plan
+def predicted_step_s(plan_path: Path, compiled: bool, env: dict | None = None) -> float:
+    """The plan's predicted step, or with --compile on a plan predicted for eager blocks the
+    compiled prediction of the same plan: its own command (provenance.command) rerun by the
+    CLI with --compile into a temporary file (the planner is not imported here)."""
+    import shlex
+    import subprocess
+    import tempfile
 
-    plan = load_plan(plan_path)
-    if not compiled or plan.compile or plan.job.framework.eager_bytes_per_element is None:
-        return plan.prediction.step_time_s
-    framework = plan.job.framework.model_copy(update={"compiled": True})
-    return predict(plan.model_copy(update={"job": plan.job.model_copy(update={"framework": framework})}))["step_time_s"]
+    import yaml
+
+    plan = yaml.safe_load(plan_path.read_text())
+    framework = plan["job"]["framework"]
+    if not compiled or plan.get("compile") or framework.get("eager_bytes_per_element") is None:
+        return plan["prediction"]["step_time_s"]
+    argv = shlex.split(plan["provenance"]["command"])[1:]  # drop "exaplan"
+    if "-o" in argv:
+        i = argv.index("-o")
+        del argv[i:i + 2]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "compiled.yaml"
+        subprocess.run([sys.executable, "-m", "cli", *argv, "--compile", "-o", str(out)], cwd=ROOT, env=env,
+                       check=True, capture_output=True, timeout=300)
+        return yaml.safe_load(out.read_text())["prediction"]["step_time_s"]
 
 
 def compare(plan: dict, runs: dict, step_s: float | None = None) -> dict:

@@ -98,7 +98,7 @@ def test_a_sigterm_saves_and_exits_85(plan_file, tmp_path):
 
 
 @pytest.mark.parametrize("extra, field", [
-    (["plans/protein-7b_dgx-h100_16n.yaml"], "pipeline parallelism"),
+    (["plans/protein-70b_frontier_64n.yaml"], "pipeline parallelism"),
     (["plans/protein-3.5b_aurora_3200n_dpo.yaml"], "dpo"),
 ])
 def test_layouts_it_does_not_run_are_refused(extra, field, tmp_path):
