@@ -340,7 +340,7 @@ class FrameworkProfile(Spec):
         0.0, ge=0, le=1e15, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
     eager_bytes_per_element: Annotated[float, Field(gt=0, le=100)] | None = Field(
         10.2, description="Bytes a block's unfused (eager) elementwise ops move on a GPU per element of the fused "
-                          "count (planner/cost/compute.py eager_extra_bytes; exaplan's eager runtime ~10: fp32 norms "
+                          "count (planner/cost/compute.py eager_extra_time; exaplan's eager runtime ~10: fp32 norms "
                           "and rotary embeddings op by op); None: the framework's kernels are fused (the count).")
     launch_us_per_op: Annotated[float, Field(gt=0, le=1e4)] | None = Field(
         20.4, description="Host time per operator on a GPU where the blocks run eager (dispatch, launch, Python), us: "
@@ -350,8 +350,8 @@ class FrameworkProfile(Spec):
         0.004, description="Host time per optimizer step on a GPU where the blocks run eager (clipping, the optimizer's "
                            "launches, the loss's synchronisation, records), s: the optimizer's time is at least this.")
     compiled: bool = Field(False, description="The blocks run through torch.compile (`exaplan plan --compile` "
-                                              "writes `compile: true` into the plan): eager_bytes_per_element does "
-                                              "not apply.")
+                                              "writes `compile: true` into the plan): eager_bytes_per_element and "
+                                              "the launch floor do not apply.")
     shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
                                       description="Data-parallel shardings the framework runs.")
     cpu_figures: dict[str, float] = Field(
