@@ -169,6 +169,17 @@ def elementwise_time(machine: MachineModel, nbytes) -> np.ndarray:
 EAGER_BANDWIDTH_FRACTION = 0.88
 
 
+def eager_gpu_figure(machine: MachineModel, job: TrainingJob, name: str) -> float | None:
+    """The job's framework figure `name` for blocks run eager on a GPU, or None: without the
+    figure, with the blocks compiled, or on a CPU (whose fitted figures were measured on the
+    eager runtime itself: figures.is_cpu)."""
+    from planner.schema.figures import is_cpu
+
+    fw = getattr(job, "framework", None)
+    value = getattr(fw, name, None)
+    return None if value is None or getattr(fw, "compiled", False) or is_cpu(machine) else float(value)
+
+
 def eager_extra_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """Forward seconds one block's unfused (eager) elementwise ops add on a GPU for one
     micro-batch, over the fused count of token_elements: a framework that runs them op by op
@@ -178,11 +189,8 @@ def eager_extra_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     (layer_times), as the count itself was taken: forward and backward of the runtime's block
     (tests/runtime/test_eager_traffic.py). Zero on a CPU, whose fitted figures were measured
     on the eager runtime itself (figures.is_cpu), and for fused or compiled frameworks."""
-    from planner.schema.figures import is_cpu
-
-    fw = getattr(job, "framework", None)
-    e = getattr(fw, "eager_bytes_per_element", None)
-    surplus = 0.0 if e is None or getattr(fw, "compiled", False) or is_cpu(machine) else max(e - bytes_per_element(job.precision), 0.0)
+    e = eager_gpu_figure(machine, job, "eager_bytes_per_element")
+    surplus = 0.0 if e is None else max(e - bytes_per_element(job.precision), 0.0)
     return surplus * token_elements(model, job, lay) / (machine.memory_bandwidth_gbyte_s * 1e9 * EAGER_BANDWIDTH_FRACTION)
 
 
@@ -285,11 +293,7 @@ def framework_overhead_s(machine: MachineModel, blocks, recompute, tp=1) -> np.n
 def _launch_us(machine: MachineModel, job: TrainingJob) -> float:
     """The framework's host time per operator on a GPU (its profile's launch_us_per_op) where
     it runs eager; 0 on a CPU (op_overhead_us charges it there), compiled, or without a figure."""
-    from planner.schema.figures import is_cpu
-
-    fw = getattr(job, "framework", None)
-    us = getattr(fw, "launch_us_per_op", None)
-    return 0.0 if us is None or getattr(fw, "compiled", False) or is_cpu(machine) else float(us)
+    return float(eager_gpu_figure(machine, job, "launch_us_per_op") or 0.0)
 
 
 def launch_floor_s(machine: MachineModel, job: TrainingJob, blocks, recompute, reference_forward=False) -> np.ndarray:
