@@ -81,15 +81,14 @@ BOUNDS = narrowed({
 # The least rate (fraction of peak) a FlashAttention-2-class kernel reaches on a device kind
 # at the saturated tile of compute.FLASH_SATURATION_SEQ and head dimension 128, as published.
 # H100: FlashAttention-2's causal forward at sequence 2k, head dimension 128, runs at 298
-# TFLOP/s on an H100 SXM5, 0.30 of its 989 (Shah et al. 2024, FlashAttention-3, fig. 5; 335
-# at 16k; the backward is no faster). The factor multiplies the efficiency of a GEMM of the
-# tile's size, (2048 x 2048 x 128)^(1/3) = 813, which is only 0.52-0.55 of peak on H100's
-# curves: the floor on the factor is this rate over that efficiency at the kind's first
-# guesses (0.55; attention_floor). Without it the H100 factor sat at 0.38, a kernel of 0.21
-# of peak, absorbing per-token time of Megatron's small-hidden rows that is not attention,
-# and llm-foundry's H100 runs at 8k-64k tokens (section L, never fitted) came out 20-40% too
-# slow.
-ATTENTION_RATE_FLOOR = {"NVIDIA H100 SXM5": 0.30}
+# TFLOP/s on an H100 SXM5, 0.30 of 989 (Shah et al. 2024, FlashAttention-3, fig. 5). The
+# factor multiplies the efficiency of a GEMM of the tile's size, (2048 x 2048 x 128)^(1/3) =
+# 813: the floor is this rate over that efficiency on the first-guess curve (attention_floor). Without it the H100 factor sat at 0.38 (0.21 of peak) and
+# llm-foundry's H100 runs at 8k-64k tokens (section L, never fitted) came out 20-40% slow.
+# A100: FlashAttention-2 reaches "50-73% of the theoretical maximum FLOPs/s on A100" (Dao
+# 2023; sequences from 512, head dimensions from 64): 0.50. Without it the factor rested on one
+# row (H-mpt-13b-s8192): left out, it fell to 0.60 and that row came out 21% too slow.
+ATTENTION_RATE_FLOOR = {"NVIDIA H100 SXM5": 0.30, "NVIDIA A100 SXM4": 0.50}
 ATTENTION_SATURATED_DIM = (2048.0 * 2048.0 * 128.0) ** (1.0 / 3.0)
 
 # First guesses: device_kinds.yaml before any fit (validate_published(fitted=False) predicts

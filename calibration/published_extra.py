@@ -42,6 +42,14 @@ NOTE_F = (
 )
 
 
+NOTE_F_EAGER = (
+    "Its blocks run eager: torchtitan's Llama block is exaplan's (nn.RMSNorm, SwiGLU, RoPE, SDPA, as PyTorch "
+    "ops), so the exaplan profile's count of what eager blocks move (eager_bytes_per_element, counted on "
+    "exaplan's block) and its launch figures are taken for it (torch_blocks, assumed). The compiled rows "
+    "(torch.compile) are recorded compiled."
+)
+
+
 def _llama3(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
     """Llama 3.1 as torchtitan builds it: SwiGLU, RMSNorm, RoPE, 8 KV heads, untied, vocab
     128256, seq 8192 (ffn = 1.3 x 8/3 d rounded up to multiple_of, torchtitan's llama3 args)."""
@@ -58,20 +66,22 @@ def _section_f() -> list[dict[str, Any]]:
         dict(id="F-llama3.1-8b-fsdp128", model=llama8b, gpus=128,
              layout=PublishedLayout(dp=128, sharding=Sharding.fsdp, micro_batch=2, global_batch=256,
                                     recompute=Recompute.selective),
-             figure=5605.0, assumed=["machine", "model.seq_len", "layout.recompute"],
+             figure=5605.0, assumed=["machine", "model.seq_len", "layout.recompute", "torch_blocks"],
+             torch_blocks="eager",
              note=NOTE_F + " Table 3: 1D FSDP over 128 GPUs, local batch 2, global 256, eager (no torch.compile); "
-                           "67.0 GiB peak memory.", **common),
+                           "67.0 GiB peak memory. " + NOTE_F_EAGER, **common),
         dict(id="F-llama3.1-8b-fsdp8-tp8", model=llama8b, gpus=64,
              layout=PublishedLayout(tp=8, dp=8, sharding=Sharding.fsdp, micro_batch=12, global_batch=96,
                                     recompute=Recompute.selective, sequence_parallel=True),
              figure=4378.0, assumed=["machine", "model.seq_len", "layout.global_batch", "layout.recompute"],
+             torch_blocks="compiled",
              note=NOTE_F + " FSDP 8 x TP 8 (torchtitan's TP plan shards norms and dropout over the sequence: "
                            "sequence parallel), torch.compile, per-op selective checkpointing, local batch 12 "
                            "per data-parallel rank; global batch 12 x 8 = 96 (not printed).", **common),
         dict(id="F-llama3.1-70b-fsdp32-tp8", model=llama70b, gpus=256,
              layout=PublishedLayout(tp=8, dp=32, sharding=Sharding.fsdp, micro_batch=16, global_batch=512,
                                     recompute=Recompute.full, sequence_parallel=True),
-             figure=597.3, assumed=["machine", "model.seq_len", "layout.global_batch"],
+             figure=597.3, assumed=["machine", "model.seq_len", "layout.global_batch"], torch_blocks="compiled",
              note=NOTE_F + " FSDP 32 x TP 8 with sequence parallelism, torch.compile, full activation "
                            "checkpointing, local batch 16; global batch 16 x 32 = 512 as the same setup's "
                            "Table 4 in llama3_h100_202412 prints (the asyncTP file does not).", **common),

@@ -60,7 +60,7 @@ def own_gpu_runs() -> list[PublishedRun]:
             model=get_model("protein-3.5b").model_copy(update={"seq_len": seq}), machine=machine, framework="fsdp",
             gpus=1, layout=PublishedLayout(dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs,
                                            recompute=Recompute.none),
-            precision=Precision.bf16, exaplan_runtime="compiled" if mode == "compile" else "eager",
+            precision=Precision.bf16, torch_blocks="compiled" if mode == "compile" else "eager",
             figure=round(gbs * seq / step, 1), kind="tokens_per_s_per_gpu", flop_convention="none", assumed=[],
             note=f"{NOTE_M} Machine {machine} ({part}). "
                  + ("Blocks compiled (exaplan run --compile)." if mode == "compile" else

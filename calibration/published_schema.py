@@ -134,10 +134,11 @@ class PublishedRun(Spec):
                                                                "since 2.1): set where the run's software differs from its profile's; None: the profile's.")
     fused_loss: bool = Field(False, description="The loss is one fused kernel over 16-bit logits (flash-attn's cross_entropy, llm-foundry's default): "
                                                 "its memory (planner/cost/memory.py) and traffic (planner/cost/compute.py) per logit.")
-    exaplan_runtime: Literal["eager", "compiled"] | None = Field(
-        None, description="A run of exaplan's own runtime (section M): its blocks eager (the exaplan profile's "
-                          "eager_bytes_per_element applies) or compiled; None: another framework's software, whose "
-                          "kernels the fitted figures describe.")
+    torch_blocks: Literal["eager", "compiled"] | None = Field(
+        None, description="The run's blocks are PyTorch ops as exaplan's runtime runs them (a Llama block: "
+                          "RMSNorm, SwiGLU, RoPE; section M, and torchtitan in section F): eager (the exaplan "
+                          "profile's eager_bytes_per_element and launch figures apply) or compiled; None: the "
+                          "framework's own kernels, which the fitted figures describe.")
     figure: float = Field(gt=0, description="The published number, in the unit of `kind` (MFU as a fraction).")
     kind: FigureKind
     flop_convention: FlopConvention = Field("none", description="FLOP count behind TFLOP/s and MFU figures.")
@@ -155,6 +156,8 @@ class PublishedRun(Spec):
             raise ValueError(f"{self.id}: {self.framework} does not run sharding {lay.sharding.value}")
         if self.tp_comm_overlap and self.framework != "megatron":
             raise ValueError(f"{self.id}: tp_comm_overlap is Megatron's setting")
+        if self.torch_blocks and self.framework != "fsdp":
+            raise ValueError(f"{self.id}: torch_blocks describes a torch trainer's blocks (framework fsdp)")
         return self
 
     # --- inputs of the cost model ---------------------------------------------------------
@@ -167,8 +170,8 @@ class PublishedRun(Spec):
 
         profile = load_framework(PROFILE_OF[self.framework]).model_copy(update={
             "overlap_dp": None, "step_overhead_s": None, "flash_attention": self.flash_attention,
-            "compiled": self.exaplan_runtime == "compiled",
-            **({} if self.exaplan_runtime else {"eager_bytes_per_element": None, "launch_us_per_op": None,
+            "compiled": self.torch_blocks == "compiled",
+            **({} if self.torch_blocks else {"eager_bytes_per_element": None, "launch_us_per_op": None,
                                                 "step_launch_s": 0.0}),
             "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0,
             **({"grad_reduce_dtype": "bf16"} if self.grad_reduce_bf16 else {}),

@@ -77,3 +77,24 @@ def test_model_shape_matches_the_published_parameter_count(rec):
 def test_records_validate_as_published_runs():
     runs = [PublishedRun.model_validate(r) for r in RECORDS]
     assert [r.id for r in runs] == IDS
+
+
+def test_torchtitans_eager_row_is_charged_the_runtimes_eager_traffic():
+    """torchtitan's eager row runs exaplan's own block (RMSNorm, SwiGLU, RoPE as PyTorch ops):
+    recorded torch_blocks eager, its prediction carries the exaplan profile's counted eager
+    traffic (a longer step than the same record with the framework's own kernels); its
+    compiled rows are recorded compiled. A trainer that is not torch cannot say so."""
+    from calibration.validate_published import predict
+    from machine_models import load_machine
+
+    runs = {r.id: r for r in (PublishedRun.model_validate(rec) for rec in RECORDS)}
+    eager = runs["F-llama3.1-8b-fsdp128"]
+    assert eager.torch_blocks == "eager" and "torch_blocks" in eager.assumed
+    assert {runs[i].torch_blocks for i in ("F-llama3.1-8b-fsdp8-tp8", "F-llama3.1-70b-fsdp32-tp8")} == {"compiled"}
+    machine = load_machine(eager.machine)
+    _, ev_eager = predict(eager, machine)
+    _, ev_own = predict(eager.model_copy(update={"torch_blocks": None}), machine)
+    assert float(ev_eager.compute_s[0]) > 1.1 * float(ev_own.compute_s[0])
+    not_torch = next(rec for rec in RECORDS if rec["framework"] == "deepspeed") | {"torch_blocks": "eager"}
+    with pytest.raises(ValueError, match="torch_blocks"):
+        PublishedRun.model_validate(not_torch)

@@ -43,7 +43,7 @@ def test_the_records_are_the_measured_runs():
         assert run.layout.micro_batch == plan["micro_batch_size"] and run.layout.dp == 1
         assert run.layout.gas == plan["grad_accumulation_steps"]
         assert run.model.hidden == plan["model"]["hidden"] and run.model.layers == plan["model"]["layers"]
-        assert run.exaplan_runtime == ("compiled" if mode == "compile" else "eager")
+        assert run.torch_blocks == ("compiled" if mode == "compile" else "eager")
 
 
 def test_held_out_and_predicted_within_the_stated_uncertainty():

@@ -152,13 +152,32 @@ def test_h100_attention_is_held_at_or_above_its_published_kernel_rate(fit):
     assert floor * g["peak_fraction"] * d / (d + g["half_dim"]) == pytest.approx(cal.ATTENTION_RATE_FLOOR[h100])
     assert cal.lower_bound(h100, "attention_efficiency_factor") == pytest.approx(floor) and floor > cal.BOUNDS[
         "attention_efficiency_factor"][0]
-    assert cal.attention_floor("NVIDIA A100 SXM4") is None
-    assert cal.lower_bound("NVIDIA A100 SXM4", "attention_efficiency_factor") == cal.BOUNDS["attention_efficiency_factor"][0]
+    assert cal.attention_floor("AMD MI250X GCD") is None
+    assert cal.lower_bound("AMD MI250X GCD", "attention_efficiency_factor") == cal.BOUNDS["attention_efficiency_factor"][0]
     from planner.cost.compute import matmul_efficiency
 
     for machine in (load_machine("dgx-h100"), cal.with_figures(load_machine("dgx-h100"), fit.figures(h100, "fsdp"))):
         rate = machine.attention_efficiency_factor * float(matmul_efficiency(machine, d))
         assert rate >= 0.28, rate
+
+
+def test_a100_attention_is_held_at_or_above_flashattention2s_published_rate(fit):
+    """FlashAttention-2 reaches at least half of an A100's peak over its benchmarks (Dao 2023):
+    the A100 factor may not fall below that rate over a GEMM of the saturated tile's size on the
+    first-guess curve (about 0.78), so a fit that leaves out the one long-sequence A100 row keeps
+    a FlashAttention-2-class kernel (at the old generic floor, 0.3, it could fall to 0.2 of
+    peak). The fitted and the shipped A100 kernels run at least that fast."""
+    a100 = "NVIDIA A100 SXM4"
+    floor = cal.attention_floor(a100)
+    g = cal.FIRST_GUESSES[a100]
+    d = cal.ATTENTION_SATURATED_DIM
+    assert floor * g["peak_fraction"] * d / (d + g["half_dim"]) == pytest.approx(0.50)
+    assert 0.7 < floor < 0.85 and cal.lower_bound(a100, "attention_efficiency_factor") == pytest.approx(floor)
+    assert fit.device[a100]["attention_efficiency_factor"] >= floor - 1e-9
+    from planner.cost.compute import matmul_efficiency
+
+    for machine in (load_machine("dgx-a100-80gb"), cal.with_figures(load_machine("dgx-a100-80gb"), fit.figures(a100, "fsdp"))):
+        assert machine.attention_efficiency_factor * float(matmul_efficiency(machine, d)) >= 0.48
 
 
 def test_figures_on_a_bound_are_named_in_the_fit_notes():
@@ -171,8 +190,9 @@ def test_figures_on_a_bound_are_named_in_the_fit_notes():
     bounds = cal.at_bounds(fit)
     assert bounds[h100] == [f"attention_efficiency_factor at its floor ({cal.attention_floor(h100):.3g})"]
     assert sorted(bounds[a100]) == ["attention_efficiency_factor at its ceiling (1)", "elementwise_efficiency at its floor (0.15)"]
-    # An A100 factor of 0.5 sits above its (generic) floor, 0.3, though below H100's own: no bound.
-    assert cal.at_bounds(cal.Fit({h100: inside, a100: {**inside, "attention_efficiency_factor": 0.5}}, {})) == {}
+    # An MI250X factor of 0.5 sits above its (generic) floor, 0.3, though below H100's own: no bound.
+    mi = "AMD MI250X GCD"
+    assert cal.at_bounds(cal.Fit({h100: inside, mi: {**inside, "attention_efficiency_factor": 0.5}}, {})) == {}
     rows = [r for r in validate_published() if r.device in (h100, a100)]
     notes = fit_notes(rows, bounds)
     assert notes[h100][1:] == [b + "." for b in bounds[h100]] and len(notes[a100]) == 3
