@@ -154,7 +154,9 @@ NOTE_D = (
     "fms-fsdp's default policy (mixed_precision: True -> bfSixteen, reduce_dtype bf16; "
     "fms_fsdp/utils/train_utils.py get_policies), not printed with the table, so assumed. Earlier "
     "versions stood these rows on dgx-a100-80gb with fp32 reduction: twice the bytes on four times the "
-    "bandwidth, the inter-node traffic at half its time."
+    "bandwidth, the inter-node traffic at half its time. Blocks eager (scripts/7b.sh-70b.sh: "
+    "--use_torch_compile=False), left to the fitted figures (torch_blocks unset): charged the exaplan "
+    "profile's eager count, as torchtitan's eager row is, all four rows came out 4-16% slow."
 )
 
 
