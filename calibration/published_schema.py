@@ -128,6 +128,8 @@ class PublishedRun(Spec):
     flash_attention: bool = Field(True, description="Fused attention kernel (a software choice: false for 2022 Megatron).")
     tp_comm_overlap: bool = Field(False, description="The framework hides tensor-parallel traffic (Megatron --tp-comm-overlap): a setting of the framework, not fitted.")
     grad_reduce_bf16: bool = Field(False, description="Gradients reduced in bf16 (FSDP's PURE mixed precision) instead of the profile's dtype.")
+    grad_reduce_fp32: bool = Field(False, description="Gradients reduced in fp32 instead of the profile's dtype (DeepSpeed's BF16_Optimizer, "
+                                                      "bf16 at ZeRO stage 0, accumulates and allreduces fp32 gradients).")
     flash_attention_v1: bool = Field(False, description="The fused attention kernel is flash-attn 1.x, about half FlashAttention-2's speed "
                                                         "(Dao 2023): the job's attention_kernel_speed 0.5.")
     recompute_early_stop: bool | None = Field(None, description="Full recompute stops before each block's last GEMM (torch's non-reentrant checkpoint "
@@ -156,6 +158,8 @@ class PublishedRun(Spec):
             raise ValueError(f"{self.id}: {self.framework} does not run sharding {lay.sharding.value}")
         if self.tp_comm_overlap and self.framework != "megatron":
             raise ValueError(f"{self.id}: tp_comm_overlap is Megatron's setting")
+        if self.grad_reduce_bf16 and self.grad_reduce_fp32:
+            raise ValueError(f"{self.id}: gradients reduced in bf16 or in fp32, not both")
         if self.torch_blocks and self.framework != "fsdp":
             raise ValueError(f"{self.id}: torch_blocks describes a torch trainer's blocks (framework fsdp)")
         return self
@@ -175,6 +179,7 @@ class PublishedRun(Spec):
                                                 "step_launch_s": 0.0}),
             "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0,
             **({"grad_reduce_dtype": "bf16"} if self.grad_reduce_bf16 else {}),
+            **({"grad_reduce_dtype": "fp32"} if self.grad_reduce_fp32 else {}),
             **({"attention_kernel_speed": FLASH_V1_SPEED} if self.flash_attention_v1 else {}),
             **({} if self.recompute_early_stop is None else {"recompute_early_stop": self.recompute_early_stop}),
             **({"loss_bytes_per_logit": LOSS_BYTES_PER_LOGIT["fused"],

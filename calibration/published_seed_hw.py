@@ -74,7 +74,7 @@ def _lumi_gpt(name: str, layers: int, hidden: int, heads: int, tp: int) -> Model
 
 def _section_i() -> list[dict[str, Any]]:
     lumi = dict(section="I", machine="frontier", framework="deepspeed", precision=Precision.bf16,
-                flash_attention=False, assumed=["machine", "layout.sharding"])
+                flash_attention=False, assumed=["machine", "layout.sharding"], grad_reduce_fp32=True)
     runs: list[dict[str, Any]] = []
     # README summaries: (model, layers, hidden, heads, nodes, tp, pp, global batch, samples/s, TFLOPs (theirs))
     readme = [

@@ -95,3 +95,23 @@ def test_every_row_is_predicted():
         assert math.isfinite(row.error), rid
         # These runs ran: the memory model must not say they do not fit.
         assert row.fits_memory, f"{rid}: predicted not to fit in device memory"
+
+
+def test_lumi_rows_reduce_fp32_gradients_as_deepspeeds_bf16_optimizer_does():
+    """bf16 at ZeRO stage 0 (the LUMI logs) runs DeepSpeed's BF16_Optimizer, which allreduces its
+    fp32 gradient accumulators: those rows' jobs reduce fp32 where the DeepSpeed profile reduces
+    bf16, and their data-parallel traffic costs more than the same record's in bf16. A record
+    cannot reduce in both dtypes."""
+    from calibration.validate_published import predict
+
+    lumi = [r for r in RUNS if r.id.startswith("I-lumi")]
+    assert len(lumi) == 8 and all(r.grad_reduce_fp32 and r.job().framework.grad_reduce_dtype == "fp32" for r in lumi)
+    others = [r for r in RUNS if r.framework == "deepspeed" and not r.id.startswith("I-lumi")]
+    assert others and all(r.job().framework.grad_reduce_dtype == "bf16" for r in others)
+    big = next(r for r in lumi if r.id.endswith("n256"))
+    machine = load_machine(big.machine)
+    _, ev32 = predict(big, machine)
+    _, ev16 = predict(big.model_copy(update={"grad_reduce_fp32": False}), machine)
+    assert float(ev32.dp_s[0]) > 1.3 * float(ev16.dp_s[0])
+    with pytest.raises(ValueError, match="not both"):
+        PublishedRun.model_validate({**big.model_dump(), "grad_reduce_bf16": True})
