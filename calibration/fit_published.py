@@ -83,8 +83,9 @@ BOUNDS = narrowed({
 # H100: FlashAttention-2's causal forward at sequence 2k, head dimension 128, runs at 298
 # TFLOP/s on an H100 SXM5, 0.30 of 989 (Shah et al. 2024, FlashAttention-3, fig. 5). The
 # factor multiplies the efficiency of a GEMM of the tile's size, (2048 x 2048 x 128)^(1/3) =
-# 813: the floor is this rate over that efficiency on the first-guess curve (attention_floor). Without it the H100 factor sat at 0.38 (0.21 of peak) and
-# llm-foundry's H100 runs at 8k-64k tokens (section L, never fitted) came out 20-40% slow.
+# 813: the floor is this rate over that efficiency on the first-guess curve (attention_floor).
+# Without it the H100 factor sat at 0.38 (0.21 of peak) and llm-foundry's H100 runs at 8k-64k
+# tokens (section L, never fitted) came out 20-40% slow.
 # A100: FlashAttention-2 reaches "50-73% of the theoretical maximum FLOPs/s on A100" (Dao
 # 2023; sequences from 512, head dimensions from 64): 0.50. Without it the factor rested on one
 # row (H-mpt-13b-s8192): left out, it fell to 0.60 and that row came out 21% too slow.

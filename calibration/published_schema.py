@@ -176,7 +176,7 @@ class PublishedRun(Spec):
             "overlap_dp": None, "step_overhead_s": None, "flash_attention": self.flash_attention,
             "compiled": self.torch_blocks == "compiled",
             **({} if self.torch_blocks else {"eager_bytes_per_element": None, "launch_us_per_op": None,
-                                                "step_launch_s": 0.0}),
+                                             "step_launch_s": 0.0}),
             "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0,
             **({"grad_reduce_dtype": "bf16"} if self.grad_reduce_bf16 else {}),
             **({"grad_reduce_dtype": "fp32"} if self.grad_reduce_fp32 else {}),
