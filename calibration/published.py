@@ -7,7 +7,8 @@ conventions: calibration/published_schema.py).
                        calibration/published_seed_hw.py (I: Megatron-DeepSpeed on LUMI's MI250X;
                        K: Megatron-DeepSpeed on Aurora's Max 1550);
                        `exaplan validate --published` fits and predicts them
-    held_out_runs()    published rows never fitted, only predicted (M, calibration/published_own.py:
+    held_out_runs()    published rows never fitted, only predicted (A: the strong-scaling end points of
+                       the same Megatron-LM README; M, calibration/published_own.py:
                        exaplan's own runtime on a lent H200; F: torchtitan on H100s,
                        G: BLOOM-176B with Megatron-DeepSpeed, on hardware that the machine
                        presets only stand in for; the Frontier torchtitan row of I and J's
@@ -30,8 +31,20 @@ from planner.schema.specs import Precision
 SOURCE_A = "Megatron-LM README, weak-scaling table (DGX H100, 2024)"
 NOTE_A = (
     "TFLOP/s per GPU by Megatron's formula (model FLOPs, logits included), MFU over 989. "
+    "Megatron-Core r0.8.0 (the legend of the README's scaling figures, commit f2e5db4, July 2024), "
+    "whose arguments.py forces fp32 gradient reduction under --bf16. "
     "Micro-batch 1 (the usual setting; not in the table). Sequence parallel with tp > 1 "
     "(--tp-comm-overlap requires it). No recompute and no interleaving: not stated, assumed."
+)
+SOURCE_A_STRONG = "Megatron-LM README, strong-scaling text and figure (DGX H100, Megatron-Core r0.8.0, 2024)"
+NOTE_A_STRONG = (
+    "Held out. The README strong-scales its 177B GPT from 96 to 4,608 H100s at a global batch of 1,152 "
+    "sequences, 'leading to a reduction in MFU from 47% to 42%' (MFU by Megatron's formula over 989, "
+    "rounded to a percent: +/-1% of the figure). The layout is not given: tensor 8 x pipeline 6, as the "
+    "weak-scaling table's 177B row at 2,304 GPUs (a point of the same strong-scaling curve, 44%), so data "
+    "parallel GPUs / 48; micro-batch 1, no recompute, no interleaving, as section A assumes. At 96 GPUs "
+    "(two replicas, 576 micro-batches a step) neither the bubble nor the gradient traffic shows, so the row "
+    "reads the compute alone; at 4,608 (12 micro-batches) the bubble without interleaving is 5/12 of it."
 )
 
 
@@ -62,6 +75,19 @@ def _section_a() -> list[PublishedRun]:
             tp_comm_overlap=True, figure=tflops, kind="model_tflops_per_gpu", flop_convention="megatron",
             assumed=assumed, note=NOTE_A,
         ))
+    return runs
+
+
+def _section_a_strong() -> list[PublishedRun]:
+    """The strong-scaling end points of the same README (held out)."""
+    table = next(r for r in _section_a() if r.id == "A-gpt-177b")
+    runs = []
+    for gpus, mfu in ((96, 0.47), (4608, 0.42)):
+        runs.append(table.model_copy(update=dict(
+            id=f"A-gpt-177b-strong-g{gpus}", source=SOURCE_A_STRONG, gpus=gpus, figure=mfu, kind="mfu",
+            layout=table.layout.model_copy(update=dict(dp=gpus // 48)),
+            assumed=table.assumed + ["layout.tp", "layout.pp"], note=NOTE_A_STRONG,
+        )))
     return runs
 
 
@@ -194,4 +220,4 @@ def held_out_runs() -> list[PublishedRun]:
     from calibration.published_foundry import foundry_runs
     from calibration.published_own import own_gpu_runs
 
-    return held_out_extra_runs() + held_out_seed_hw_runs() + own_gpu_runs() + foundry_runs()
+    return _section_a_strong() + held_out_extra_runs() + held_out_seed_hw_runs() + own_gpu_runs() + foundry_runs()
