@@ -126,10 +126,11 @@ def validate_published(fitted: bool = True, *, refit: bool = False, leave_one_ou
 
 def validate_searched(rows: list[ValidationRow] | None = None) -> list:
     """The rows with chosen (unpublished) layout fields, searched over those fields
-    (calibration/search_unstated.py), with the shipped figures."""
+    (calibration/search_unstated.py), with the shipped figures: the fitted rows, then the
+    held-out rows listed one by one (section L, summarised, is not searched)."""
     from calibration.search_unstated import search_unstated
 
-    runs = published_runs()
+    runs = published_runs() + [r for r in held_out_runs() if r.section not in SUMMARISED_SECTIONS]
     shipped = cal.machines_of(runs)
     recorded = fit_files.framework_figures()
     out = [search_unstated(r, shipped_machine(r, shipped[r.machine], recorded)) for r in runs]
@@ -199,7 +200,7 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
             console.print(_foundry_table(foundry))
             console.print(_summary_line("section L (every row: --json)", foundry))
     if searched:
-        console.print(_searched_table(searched, {r.id: r for r in rows}))
+        console.print(_searched_table(searched, {r.id: r for r in rows + (held_out or [])}))
     if any(r.assumed for r in rows + (held_out or [])):
         console.print("* a field of this row is not published; calibration/published.py documents the choice made")
 
