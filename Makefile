@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU build of torch that lies on this kind of machine; never an unpinned torch.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test test-all bench bench-runtime bench-jax bench-gpu bench-local plans clean
+.PHONY: venv demo test test-all bench bench-runtime bench-jax bench-gpu bench-gpu-kernels bench-local plans clean
 
 venv: $(STAMP)
 
@@ -69,6 +69,13 @@ bench-jax: venv
 GPU_CHECK_ARGS ?=
 bench-gpu: venv
 	$(BIN)/python -m benchmarks.gpu_check --out runs/bench-gpu $(GPU_CHECK_ARGS)
+
+# On a GPU machine too: the step's kernels one by one (GEMMs, the fused attention backends,
+# compiled elementwise work, the loss, exaplan's block by kernel kind), about a minute, then the
+# cost model's terms against them (README "Kernels against the cost model's terms").
+bench-gpu-kernels: venv
+	$(BIN)/python -m benchmarks.gpu_kernels --out runs/bench-gpu-kernels
+	$(BIN)/exaplan validate --kernels runs/bench-gpu-kernels/gpu_kernels.json
 
 # Issue-4 targets on this machine (median |step error| <= 10%, Spearman >= 0.9, first choice
 # within 5% of the fastest, memory error <= 15%): 12 layouts through `exaplan run`, 2 rounds.

@@ -20,8 +20,14 @@ def add_parser(sub) -> None:
     which.add_argument("--local", action="store_true",
                        help="run at least 10 layouts on this machine through `exaplan run` and compare measured with "
                             "predicted (CSV, JSON, PNG in --out)")
+    which.add_argument("--kernels", metavar="FILE",
+                       help="compare the cost model's kernel terms (GEMM, attention, elementwise, loss, exaplan's block "
+                            "by kind) with kernels timed one by one on a GPU by benchmarks/gpu_kernels.py (its "
+                            "gpu_kernels.json; docs/gpu/2026-11-26-h100-kernels.json is an H100's)")
     v.add_argument("--model", default="protein-small", help="with --local: the model (default protein-small)")
-    v.add_argument("--machine", default="local", help="with --local: the machine model to predict with (default local)")
+    v.add_argument("--machine", default="local", help="with --local: the machine model to predict with (default local); "
+                                                      "with --kernels: the preset of the measured card (default: from "
+                                                      "the card's name)")
     v.add_argument("--ranks", type=int, default=2, help="with --local: ranks (default 2)")
     v.add_argument("--steps", type=int, default=8, help="with --local: steps per layout (default 8)")
     v.add_argument("--repeats", type=int, default=1,
@@ -52,7 +58,27 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kernels:
+        return _kernels(args)
     return _local(args) if args.local else _published(args)
+
+
+def _kernels(args) -> int:
+    from calibration import kernel_check
+    from machine_models import load_machine
+
+    data = kernel_check.load(args.kernels)
+    card = data["device"]["device"]
+    name = args.machine if args.machine != "local" else kernel_check.preset_for(card)
+    if name is None:
+        raise kernel_check.KernelFileError(f"--machine: no preset known for the card {card!r}; name one")
+    machine = load_machine(name)
+    rows = kernel_check.compare(data, machine)
+    if args.json:
+        print_json(kernel_check.to_json(data, machine, rows))
+    else:
+        kernel_check.render(data, machine, rows, console())
+    return 0
 
 
 def _published(args) -> int:
