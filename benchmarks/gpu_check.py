@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _median_event_ms(fn, reps: int = 10, warm: int = 3) -> float:
+def median_event_ms(fn, reps: int = 10, warm: int = 3) -> float:
     import torch
 
     for _ in range(warm):
@@ -101,10 +101,10 @@ def device_and_ceilings() -> dict:
             "cudnn": torch.backends.cudnn.version(), "nccl": _nccl_version()}
     n = 8192
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    info["gemm_bf16_8192_tflops"] = 2 * n**3 / (_median_event_ms(lambda: a @ b) * 1e-3) / 1e12
+    info["gemm_bf16_8192_tflops"] = 2 * n**3 / (median_event_ms(lambda: a @ b) * 1e-3) / 1e12
     src = torch.randn(2**29, device="cuda")  # 2 GiB of fp32
     dst = torch.empty_like(src)
-    info["copy_tbyte_s"] = 2 * src.numel() * 4 / (_median_event_ms(lambda: dst.copy_(src)) * 1e-3) / 1e12
+    info["copy_tbyte_s"] = 2 * src.numel() * 4 / (median_event_ms(lambda: dst.copy_(src)) * 1e-3) / 1e12
     del a, b, src, dst
     torch.cuda.empty_cache()
     return info

@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gpu_check import median_event_ms as median_ms  # noqa: E402
 
 SQUARES = (256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
 # Section A's models (calibration/published.py): hidden size, tensor parallelism.
@@ -53,22 +57,6 @@ ELEMENTWISE = ((4096, 2048), (4096, 4096), (8192, 4096), (16384, 8192))  # token
 
 def log(msg: str) -> None:
     print(f"[gpu-kernels {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def median_ms(fn, reps: int = 10, warm: int = 3) -> float:
-    import torch
-
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def kernel_ms(fn, reps: int = 10, warm: int = 3) -> float:
