@@ -10,7 +10,14 @@ calibration/published_schema.py). Held out: predicted as a check, never fitted.
          device: micro-batch 8, 4 accumulation steps): docs/gpu/2026-11-26-h100-{compile,eager}.json;
        - the same H100 card kind at sequence 2048, plans/gpu/protein-3.5b_1xh100_s2048.yaml
          (micro-batch 2, 8 accumulation steps; attention 4x the share of the step), measured
-         after the eager figure was set, as its check: docs/gpu/2026-11-26-h100-s2048-*.json.
+         after the eager figure was set, as its check: docs/gpu/2026-11-26-h100-s2048-*.json;
+       - a small hidden size at a long sequence on the same card kind,
+         plans/gpu/protein-1.2b-h2048_1xh100_s4096.yaml (protein-3.5b's block at section A's
+         1.7B shape: hidden 2,048, 16 heads of 128, 24 blocks, 1.2 B parameters; 16 x 4,096
+         tokens, micro-batch 4, 4 accumulation steps), measured 2026-11-26 after the kernel
+         benchmark (docs/gpu/2026-11-26-h100-kernels.json), never predicted before:
+         docs/gpu/2026-11-26-h100-h2048-s4096-*.json. The model is 11% (eager) and 29%
+         (compiled) slow on it: README "Kernels against the cost model's terms".
 
 The H200's device kind copies the H100 fit (no published H200 rows); the H100's is fitted, but
 to other frameworks' runs (Megatron-LM, llm-foundry, fms-fsdp), never to this runtime on a GPU.
@@ -30,34 +37,48 @@ from planner.schema.specs import Precision
 SOURCE_M = ("exaplan's own measurement on a lent GPU (torch 2.11.0+cu130, cuDNN flash attention), 2026-11-26: "
             "docs/gpu/2026-11-26-{card}-{{compile,eager}}.json (benchmarks/gpu_check.py)")
 NOTE_M = (
-    "Tokens/s on one GPU: the tokens of a step (16,384; the s2048 case 32,768) over the best run's median "
-    "step (12 steps, the first 4 dropped; the s2048 case 10 and 3). exaplan's runtime with its exaplan profile (recorded under framework fsdp, whose profile "
+    "Tokens/s on one GPU: the tokens of a step (16,384; the s2048 case 32,768, the s4096 case 65,536) over the "
+    "best run's median step (12 steps, the first 4 dropped; the s2048 and s4096 cases 10 and 3). exaplan's runtime with its exaplan profile (recorded under framework fsdp, whose profile "
     "it is): one rank, no data parallelism, bf16 autocast on fp32 weights, fused AdamW."
 )
 CARDS = {
     "h200": ("dgx-h200", "an H200 SXM in a DGX H200; the lent one is an H200 of the same 141 GB / 4.8 TB/s part"),
     "h100": ("dgx-h100", "an H100 SXM5 in a DGX H100; the lent one is an H100 80GB HBM3, the same part"),
 }
-# (card, plan: plans/gpu/protein-3.5b_1x<plan>.yaml, sequence length, global batch, micro-batch)
-CASES = {"h200": ("h200", "h200", 512, 32, 32), "h100": ("h100", "h100", 512, 32, 8),
-         "h100-s2048": ("h100", "h100_s2048", 2048, 16, 2)}
+# (card, plan: plans/gpu/<model>_1x<plan>.yaml, sequence length, global batch, micro-batch, model)
+CASES = {"h200": ("h200", "h200", 512, 32, 32, "protein-3.5b"), "h100": ("h100", "h100", 512, 32, 8, "protein-3.5b"),
+         "h100-s2048": ("h100", "h100_s2048", 2048, 16, 2, "protein-3.5b"),
+         "h100-s4096": ("h100", "h100_s4096", 4096, 16, 4, "protein-1.2b-h2048")}
+# Models other than the presets: protein-3.5b's block at section A's 1.7B shape.
+MODELS = {"protein-1.2b-h2048": dict(name="protein-1.2b-h2048", layers=24, hidden=2048, heads=16, kv_heads=16,
+                                     ffn_hidden=5504)}
 # The best run's median step time (s): docs/gpu/2026-11-26-<case>-<mode>.json,
 # plans["protein-3.5b_1x<plan>(+compile)"]["best"]["exaplan"]["median_s"]. The s2048 case was
 # measured after eager_bytes_per_element was set from the count (with the first two cases'
 # eager runs beside it), as its check.
 MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
                  ("h100", "compile"): 0.6642, ("h100", "eager"): 0.9143,
-                 ("h100-s2048", "compile"): 1.3573, ("h100-s2048", "eager"): 1.8649}
+                 ("h100-s2048", "compile"): 1.3573, ("h100-s2048", "eager"): 1.8649,
+                 ("h100-s4096", "compile"): 1.1077, ("h100-s4096", "eager"): 1.8194}
+# The evidence file of a case: docs/gpu/2026-11-26-<EVIDENCE[case]>-<mode>.json.
+EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096"}
+
+
+def case_model(case: str):
+    """The model a case ran: its preset, or MODELS' override of protein-3.5b, at the case's sequence."""
+    name, seq = CASES[case][5], CASES[case][2]
+    base = get_model("protein-3.5b") if name in MODELS else get_model(name)
+    return base.model_copy(update={**MODELS.get(name, {}), "seq_len": seq})
 
 
 def own_gpu_runs() -> list[PublishedRun]:
     runs = []
     for (case, mode), step in MEDIAN_STEP_S.items():
-        card, _, seq, gbs, mbs = CASES[case]
+        card, _, seq, gbs, mbs, name = CASES[case]
         machine, part = CARDS[card]
         runs.append(PublishedRun(
-            id=f"M-protein-3.5b-{case}-{mode}", section="M", source=SOURCE_M.format(card=case),
-            model=get_model("protein-3.5b").model_copy(update={"seq_len": seq}), machine=machine, framework="fsdp",
+            id=f"M-{name}-{case}-{mode}", section="M", source=SOURCE_M.format(card=EVIDENCE[case]),
+            model=case_model(case), machine=machine, framework="fsdp",
             gpus=1, layout=PublishedLayout(dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs,
                                            recompute=Recompute.none),
             precision=Precision.bf16, torch_blocks="compiled" if mode == "compile" else "eager",

@@ -43,6 +43,14 @@ EXAMPLES = {
     # Held out from the eager count's first check: sequences 4x longer (attention 4x the share).
     "gpu/protein-3.5b_1xh100_s2048.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
                                           "--global-batch 16 --seq-len 2048 --draws 0",
+    # Held out: a small hidden size at a long sequence (section A's 1.7B shape: hidden 2,048, 16
+    # heads of 128, 24 blocks; here SwiGLU and the protein vocabulary), where attention is a sixth
+    # of the FLOPs and the elementwise work a larger share than in protein-3.5b.
+    "gpu/protein-1.2b-h2048_1xh100_s4096.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
+                                                "--set model.name=protein-1.2b-h2048 --set model.hidden=2048 "
+                                                "--set model.heads=16 --set model.kv_heads=16 --set model.ffn_hidden=5504 "
+                                                "--set model.layers=24 --set model.seq_len=4096 "
+                                                "--global-batch 16 --seq-len 4096 --draws 0",
 }
 
 
