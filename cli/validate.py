@@ -10,11 +10,13 @@ from cli.common import add_json_option, console, print_json
 
 
 def add_parser(sub) -> None:
-    v = sub.add_parser("validate", help="compare predictions with published training runs or with local runs",
+    v = sub.add_parser("validate", help="compare predictions with published training runs, local runs or GPU kernels",
                        description="--published: predict every published run (calibration/published.py) and print "
                                    "predicted vs published with the error, its median and max, and optionally "
                                    "leave-one-out errors. --local: run at least 10 layouts on this machine through "
-                                   "`exaplan run` and compare measured with predicted step time and memory.")
+                                   "`exaplan run` and compare measured with predicted step time and memory. "
+                                   "--kernels FILE: the cost model's kernel terms against kernels a GPU timed "
+                                   "(benchmarks/gpu_kernels.py).")
     which = v.add_mutually_exclusive_group(required=True)
     which.add_argument("--published", action="store_true", help="check against the published runs")
     which.add_argument("--local", action="store_true",
