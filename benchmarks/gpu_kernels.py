@@ -310,10 +310,15 @@ def step(reps: int) -> list[dict]:
                 fwd_bwd()
             torch.cuda.synchronize()
         kinds = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+        top = []
         for e in prof.key_averages():
-            kinds[kernel_category(e.key)] += e.self_device_time_total / 1e3 / reps
+            ms = e.self_device_time_total / 1e3 / reps
+            kinds[kernel_category(e.key)] += ms
+            if ms > 0:
+                top.append([e.key[:100], round(ms, 4)])
+        top.sort(key=lambda kv: -kv[1])
         out.append({"mode": mode, "layers": STEP_LAYERS, "micro_batch": 8, "seq": spec.seq_len, "wall_ms": wall,
-                    "kernel_ms": kinds, "kernel_total_ms": sum(kinds.values())})
+                    "kernel_ms": kinds, "kernel_total_ms": sum(kinds.values()), "top_kernels_ms": top[:16]})
         log(f"step {mode}: wall {wall:.2f} ms, kernels {kinds}")
         del model
         torch.cuda.empty_cache()
