@@ -127,3 +127,14 @@ def test_the_benchmark_refuses_without_a_gpu(tmp_path, capsys):
     assert gpu_kernels.main(["--out", str(tmp_path)]) == 2
     assert "CUDA" in capsys.readouterr().err
     assert not (tmp_path / "gpu_kernels.json").exists()
+
+
+def test_a_file_with_some_parts_compares_those():
+    """The second H100 file holds exaplan's block alone (with its kernels by name): only step
+    rows, and the per-parameter casts and gradient accumulation among the named kernels."""
+    data = kc.load(H100_FILE.with_name("2026-11-26-h100-kernels-step.json"))
+    rows = kc.compare(data, load_machine("dgx-h100"))
+    assert rows and {r.part for r in rows} == {"step"}
+    compiled = next(s for s in data["step"] if s["mode"] == "compiled")
+    names = [k for k, _ in compiled["top_kernels_ms"]]
+    assert any("to_copy" in n for n in names) and any("CUDAFunctor_add<float>" in n for n in names)
