@@ -168,16 +168,21 @@ def _rewrite_block(text: str, device: str, figs: dict[str, float], note: list[st
 
 
 def write_uncertainty(errors: list[tuple[str, str, float]], path: Path = UNCERTAINTY_FILE,
-                      date: str | None = None, held: dict[str, list[str]] | None = None) -> None:
+                      date: str | None = None, held: dict[str, list[str]] | None = None,
+                      held_out: list[tuple[str, str, float]] = ()) -> None:
     """machine_models/uncertainty.yaml from the leave-one-out errors of a refit: per device
     kind and per framework profile, the rows, the median, the QUANTILE (p80) and the max of
     |error|. `errors`: (device kind, framework profile, signed leave-one-out error) per row;
-    `held`: profile -> the figures its rows could not fit (Fit.held), listed under it."""
+    `held`: profile -> the figures its rows could not fit (Fit.held), listed under it;
+    `held_out`: (device kind, profile, signed error) of held-out rows (never fitted: out of
+    sample as the leave-one-out errors are), pooled with them: into their profile, and into
+    their device kind where that kind has leave-one-out rows (a kind that copies another's
+    figures keeps its stated default); counted as held_out_rows."""
     date = date or _dt.date.today().isoformat()
 
-    def stats(values: list[float]) -> dict:
+    def stats(values: list[float], extra: int) -> dict:
         a = np.abs(np.asarray(values, dtype=float))
-        return {"rows": int(len(a)), "median": round(float(np.median(a)), 4),
+        return {"rows": int(len(a)), **({"held_out_rows": extra} if extra else {}), "median": round(float(np.median(a)), 4),
                 "p80": round(float(np.quantile(a, QUANTILE)), 4), "max": round(float(a.max()), 4)}
 
     by_device: dict[str, list[float]] = {}
@@ -185,10 +190,19 @@ def write_uncertainty(errors: list[tuple[str, str, float]], path: Path = UNCERTA
     for device, profile, err in errors:
         by_device.setdefault(device, []).append(err)
         by_framework.setdefault(profile, []).append(err)
-    body = {"device_kinds": {k: stats(v) for k, v in sorted(by_device.items())},
-            "frameworks": {k: {**stats(v), **({"held": list(held[k])} if (held or {}).get(k) else {})}
+    extra_device: dict[str, int] = {}
+    extra_framework: dict[str, int] = {}
+    for device, profile, err in held_out:
+        if device in by_device:
+            by_device[device].append(err)
+            extra_device[device] = extra_device.get(device, 0) + 1
+        by_framework.setdefault(profile, []).append(err)
+        extra_framework[profile] = extra_framework.get(profile, 0) + 1
+    body = {"device_kinds": {k: stats(v, extra_device.get(k, 0)) for k, v in sorted(by_device.items())},
+            "frameworks": {k: {**stats(v, extra_framework.get(k, 0)), **({"held": list(held[k])} if (held or {}).get(k) else {})}
                            for k, v in sorted(by_framework.items())}}
-    header = (f"# Leave-one-out |error| of the published-run fit, written by `{FIT_COMMAND} --loo`, {date}.\n"
+    header = (f"# Leave-one-out |error| of the published-run fit, written by `{FIT_COMMAND} --loo`, {date},\n"
+              "# with the held-out errors of exaplan's own runs on GPUs (section M, held_out_rows) pooled in.\n"
               "# Read by machine_models/uncertainty.py: the p80 of a device kind and of a framework bound\n"
               "# the intervals of every prediction on that kind with that framework.\n")
     Path(path).write_text(header + yaml.safe_dump(body, sort_keys=False))

@@ -137,6 +137,23 @@ def validate_searched(rows: list[ValidationRow] | None = None) -> list:
     return [s for s in out if s is not None]
 
 
+def own_runtime_errors() -> list[tuple[str, str, float]]:
+    """(device kind, profile, signed error) of section M, exaplan's own runtime on lent GPUs
+    (held out, never fitted), predicted with the shipped figures: out-of-sample errors of the
+    very predictions `exaplan plan` makes for its runtime, which the refit pools into the
+    exaplan profile's uncertainty (fit_files.write_uncertainty)."""
+    from calibration.published_own import own_gpu_runs
+
+    runs = own_gpu_runs()
+    shipped = cal.machines_of(runs)
+    recorded = fit_files.framework_figures()
+    out = []
+    for r in runs:
+        m = shipped_machine(r, shipped[r.machine], recorded)
+        out.append((m.device_name, r.profile, _row(r, m).error))
+    return out
+
+
 def validate_held_out() -> list[ValidationRow]:
     """The held-out published rows (never fitted), predicted with the shipped figures of their
     device kind and framework: how the model does where nothing was fitted to them."""
@@ -346,7 +363,8 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True, leave
         if leave_one_out_errors:
             profile = {r.id: r.profile for r in runs}
             held = {PROFILE_OF[fw]: [n for g, n in fit.held if g == fw] for fw, _ in fit.held}
-            fit_files.write_uncertainty([(r.device, profile[r.id], r.loo_error) for r in rows], held=held)
+            fit_files.write_uncertainty([(r.device, profile[r.id], r.loo_error) for r in rows], held=held,
+                                        held_out=own_runtime_errors())
     return fit, rows
 
 

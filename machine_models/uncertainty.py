@@ -10,7 +10,9 @@ rate and memory figure carries, read from uncertainty.yaml (written by `exaplan 
 
 Step time: the 80th percentile of |leave-one-out error| over the published rows of the
 machine's device kind and, separately, of the job's framework; the larger of the two (a
-prediction is as uncertain as its less-known half). A device kind without fitted rows of its
+prediction is as uncertain as its less-known half). The held-out errors of exaplan's own runs
+on GPUs (section M: never fitted, out of sample like the leave-one-out ones) are pooled into
+the exaplan profile and into their device kind where it has rows (`held_out_rows`). A device kind without fitted rows of its
 own ("unfitted", or "copied from" another kind) gets UNFITTED_STEP_TIME instead, stated as
 such; so does a framework whose rows could not fit its figures (`held` in uncertainty.yaml:
 they stay first guesses). Memory: MEMORY, the 80th percentile of the net memory errors of the local validation
@@ -64,6 +66,12 @@ def _read(path: Path) -> dict:
         return {}
 
 
+def _rows(stats: dict) -> str:
+    """'13 rows', or '21 rows, 8 held out' where held-out errors are pooled in."""
+    extra = int(stats.get("held_out_rows", 0))
+    return f"{stats['rows']} rows" + (f", {extra} held out" if extra else "")
+
+
 def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = None,
                    path: Path = UNCERTAINTY_FILE) -> Uncertainty:
     """The uncertainty of predictions for `machine` run with `framework` (default exaplan)."""
@@ -75,7 +83,7 @@ def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = N
     if status != "fitted" or not device:
         return Uncertainty(UNFITTED_STEP_TIME, MEMORY, f"{machine.device_name}: {status}; stated default "
                            f"+/-{UNFITTED_STEP_TIME:.0%} for device kinds without published rows", False)
-    parts = [(float(device["p80"]), f"{machine.device_name} ({device['rows']} rows)")]
+    parts = [(float(device["p80"]), f"{machine.device_name} ({_rows(device)})")]
     if fw and fw.get("held"):
         # The framework's rows could not fit these figures (they stay first guesses): its
         # leave-one-out errors say nothing of predictions that lean on them.
@@ -83,7 +91,7 @@ def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = N
                                           f"(its {fw['rows']} rows cannot see them), stated default"))
         fw = None
     elif fw:
-        parts.append((float(fw["p80"]), f"{framework.name} ({fw['rows']} rows)"))
+        parts.append((float(fw["p80"]), f"{framework.name} ({_rows(fw)})"))
     else:
         parts.append((UNFITTED_STEP_TIME, f"{framework.name}: no published rows, stated default"))
     value, _ = max(parts)

@@ -49,3 +49,34 @@ def test_shipped_deepspeed_profile_is_fitted():
     u = uncertainty_of(load_machine("aurora"), load_framework("deepspeed"))
     assert u.fitted and 0.0 < u.step_time < UNFITTED_STEP_TIME
     assert "not fitted" not in u.basis
+
+
+def test_held_out_errors_are_pooled_into_their_profile_and_fitted_kind(tmp_path):
+    """write_uncertainty pools held-out errors (section M: exaplan's runs on GPUs) with the
+    leave-one-out ones: into their profile always, into their device kind only where it has
+    leave-one-out rows (a copied kind keeps its stated default); the basis says how many."""
+    import numpy as np
+
+    from calibration.fit_files import write_uncertainty
+
+    loo = [(H100, "exaplan", e) for e in (0.01, -0.02, 0.03, -0.04, 0.05)] + [(H100, "megatron", 0.02)]
+    held_out = [(H100, "exaplan", -0.3), ("NVIDIA H200 SXM", "exaplan", 0.06)]
+    path = tmp_path / "uncertainty.yaml"
+    write_uncertainty(loo, path=path, held_out=held_out)
+    data = yaml.safe_load(path.read_text())
+    ex, dev = data["frameworks"]["exaplan"], data["device_kinds"][H100]
+    assert (ex["rows"], ex["held_out_rows"]) == (7, 2)
+    assert (dev["rows"], dev["held_out_rows"]) == (7, 1)
+    assert "NVIDIA H200 SXM" not in data["device_kinds"]
+    assert "held_out_rows" not in data["frameworks"]["megatron"]
+    assert ex["p80"] == pytest.approx(np.quantile([0.01, 0.02, 0.03, 0.04, 0.05, 0.3, 0.06], 0.8), abs=1e-4)
+    u = uncertainty_of(load_machine("dgx-h100"), load_framework("exaplan"), path=path)
+    assert "exaplan (7 rows, 2 held out)" in u.basis and "(7 rows, 1 held out)" in u.basis
+
+
+def test_the_shipped_exaplan_band_counts_its_own_gpu_runs():
+    """The shipped uncertainty pools section M's held-out errors into the exaplan profile."""
+    from calibration.published_own import own_gpu_runs
+
+    u = uncertainty_of(load_machine("dgx-h100"), load_framework("exaplan"))
+    assert f"{len(own_gpu_runs())} held out" in u.basis
