@@ -224,3 +224,44 @@ def render(data: dict, machine: MachineModel, rows: list[KernelRow], console) ->
     for key, s in summary(rows).items():
         console.print(f"  {key}: model / measured median {s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}, "
                       f"{s['cases']} cases)")
+
+
+def plot(data: dict, machine: MachineModel, rows: list[KernelRow], path: str | Path) -> None:
+    """Two panels: attention forward + backward TFLOP/s against the sequence for each measured
+    backend and for the model (head dimension 128 solid, 64 dashed); model / measured time
+    per case of the other parts (1 = the model charges what the kernel takes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
+    att = [a for a in data.get("attention") or [] if "fwd_bwd_ms" in a]
+    for hd, style in ((128, "-"), (64, "--")):
+        cases = [a for a in att if a["head_dim"] == hd]
+        for backend in sorted({a["backend"] for a in cases}):
+            pts = sorted((a["seq"], a["fwd_bwd_tflops"]) for a in cases if a["backend"] == backend)
+            ax.plot(*zip(*pts), style, marker="o", ms=3, label=f"{backend.split('_')[0].lower()} hd{hd}")
+        model = sorted((a["seq"], 3.5 * a["fwd_tflops"] * a["fwd_ms"] / attention_model_ms(
+            machine, a["seq"], hd, a["heads"], a["batch"])) for a in cases if a["backend"] == cases[0]["backend"]) \
+            if cases else []
+        if model:
+            ax.plot(*zip(*model), style, color="k", lw=2, label=f"model hd{hd}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence (tokens)")
+    ax.set_ylabel("causal attention, forward + backward TFLOP/s")
+    ax.set_title(f"attention on {data['device']['device']}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    other = [r for r in rows if r.part != "attention"]
+    bx.barh(range(len(other)), [r.ratio for r in other], color=[f"C{'gemm elementwise loss step'.split().index(r.part)}"
+                                                                 for r in other])
+    bx.set_yticks(range(len(other)), [f"{r.part}: {r.case}" for r in other], fontsize=6)
+    bx.axvline(1.0, color="k", lw=1)
+    bx.set_xscale("log")
+    bx.set_xlabel("model / measured time")
+    bx.set_title(f"the cost model on {machine.name} (shipped figures)")
+    bx.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

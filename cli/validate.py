@@ -26,6 +26,8 @@ def add_parser(sub) -> None:
                        help="compare the cost model's kernel terms (GEMM, attention, elementwise, loss, exaplan's block "
                             "by kind) with kernels timed one by one on a GPU by benchmarks/gpu_kernels.py (its "
                             "gpu_kernels.json; docs/gpu/2026-11-26-h100-kernels.json is an H100's)")
+    v.add_argument("--plot", metavar="PNG", help="with --kernels: also draw attention's rate against the sequence "
+                                               "per backend and the model, and model / measured per case, into PNG")
     v.add_argument("--model", default="protein-small", help="with --local: the model (default protein-small)")
     v.add_argument("--machine", default="local", help="with --local: the machine model to predict with (default local); "
                                                       "with --kernels: the preset of the measured card (default: from "
@@ -76,6 +78,8 @@ def _kernels(args) -> int:
         raise kernel_check.KernelFileError(f"--machine: no preset known for the card {card!r}; name one")
     machine = load_machine(name)
     rows = kernel_check.compare(data, machine)
+    if args.plot:
+        kernel_check.plot(data, machine, rows, args.plot)
     if args.json:
         print_json(kernel_check.to_json(data, machine, rows))
     else:

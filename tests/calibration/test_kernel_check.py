@@ -138,3 +138,9 @@ def test_a_file_with_some_parts_compares_those():
     compiled = next(s for s in data["step"] if s["mode"] == "compiled")
     names = [k for k, _ in compiled["top_kernels_ms"]]
     assert any("to_copy" in n for n in names) and any("CUDAFunctor_add<float>" in n for n in names)
+
+
+def test_plot_writes_a_png(tmp_path):
+    out = tmp_path / "k.png"
+    assert main(["validate", "--kernels", str(H100_FILE), "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
