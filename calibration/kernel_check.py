@@ -117,9 +117,13 @@ def attention_rows(data: dict, machine: MachineModel) -> list[KernelRow]:
     att = data.get("attention")
     if not isinstance(att, list):
         return []
-    return [KernelRow("attention", f"{a['backend'].split('_')[0].lower()} hd{a['head_dim']} s{a['seq']}",
-                      a["fwd_bwd_ms"], attention_model_ms(machine, a["seq"], a["head_dim"], a["heads"], a["batch"]))
+    return [KernelRow("attention", _attention_case(a), a["fwd_bwd_ms"],
+                      attention_model_ms(machine, a["seq"], a["head_dim"], a["heads"], a["batch"]))
             for a in att if "fwd_bwd_ms" in a]
+
+
+def _attention_case(a: dict) -> str:
+    return f"{a['backend'].split('_')[0].lower()} hd{a['head_dim']} s{a['seq']}"
 
 
 def _stream_ms(machine: MachineModel, nbytes: float) -> float:
@@ -237,14 +241,15 @@ def plot(data: dict, machine: MachineModel, rows: list[KernelRow], path: str | P
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
     att = [a for a in data.get("attention") or [] if "fwd_bwd_ms" in a]
+    model_ms = {r.case: r.model_ms for r in rows if r.part == "attention"}
     for hd, style in ((128, "-"), (64, "--")):
         cases = [a for a in att if a["head_dim"] == hd]
         for backend in sorted({a["backend"] for a in cases}):
             pts = sorted((a["seq"], a["fwd_bwd_tflops"]) for a in cases if a["backend"] == backend)
             ax.plot(*zip(*pts), style, marker="o", ms=3, label=f"{backend.split('_')[0].lower()} hd{hd}")
-        model = sorted((a["seq"], 3.5 * a["fwd_tflops"] * a["fwd_ms"] / attention_model_ms(
-            machine, a["seq"], hd, a["heads"], a["batch"])) for a in cases if a["backend"] == cases[0]["backend"]) \
-            if cases else []
+        # the model's rate on the measured work: the measured FLOPs over the model's time (compare's rows)
+        model = sorted((a["seq"], a["fwd_bwd_tflops"] * a["fwd_bwd_ms"] / model_ms[_attention_case(a)])
+                       for a in cases if a["backend"] == cases[0]["backend"]) if cases else []
         if model:
             ax.plot(*zip(*model), style, color="k", lw=2, label=f"model hd{hd}")
     ax.set_xscale("log", base=2)

@@ -144,20 +144,17 @@ def own_runtime_errors() -> list[tuple[str, str, float]]:
     exaplan profile's uncertainty (fit_files.write_uncertainty)."""
     from calibration.published_own import own_gpu_runs
 
-    runs = own_gpu_runs()
-    shipped = cal.machines_of(runs)
-    recorded = fit_files.framework_figures()
-    out = []
-    for r in runs:
-        m = shipped_machine(r, shipped[r.machine], recorded)
-        out.append((m.device_name, r.profile, _row(r, m).error))
-    return out
+    return [(row.device, PROFILE_OF[row.framework], row.error) for row in _shipped_rows(own_gpu_runs())]
 
 
 def validate_held_out() -> list[ValidationRow]:
     """The held-out published rows (never fitted), predicted with the shipped figures of their
     device kind and framework: how the model does where nothing was fitted to them."""
-    runs = held_out_runs()
+    return _shipped_rows(held_out_runs())
+
+
+def _shipped_rows(runs: list[PublishedRun]) -> list[ValidationRow]:
+    """`runs` predicted with the shipped figures of their device kind and framework."""
     shipped = cal.machines_of(runs)
     recorded = fit_files.framework_figures()
     return [_row(r, shipped_machine(r, shipped[r.machine], recorded)) for r in runs]
