@@ -150,7 +150,9 @@ def _rewrite_block(text: str, device: str, figs: dict[str, float], note: list[st
         values["step_overhead_s"] = f"{figs['step_overhead_s']:.3f}"
     out, has_overhead = [], False
     for ln in block:
-        key = ln.strip().split(":", 1)[0]
+        # Only the block's own keys (two spaces in): a nested block (runtime_kernels) may
+        # reuse a figure's name for its own measured value.
+        key = ln.strip().split(":", 1)[0] if not ln.startswith("   ") else None
         if ln.strip().startswith("#"):
             out.append(ln)
             continue

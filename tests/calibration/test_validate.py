@@ -381,7 +381,9 @@ def test_write_fit_keeps_comments_and_is_read_back(tmp_path, monkeypatch, fit):
     for fw in fit.framework:
         for name in cal.FRAMEWORK_FIGURES:
             assert recorded[fw][name] == pytest.approx(fit.framework[fw][name], abs=1e-3)
+    measured = load_machine("dgx-h100").runtime_kernels  # nested figures the refit must not touch
     monkeypatch.setattr(loader, "DEVICE_KINDS_FILE", path)
+    assert measured is not None and load_machine("dgx-h100").runtime_kernels == measured
     fsdp = fit.framework[cal.SHIPPED_FRAMEWORK]
     for name in ("dgx-h100", "dgx-a100-80gb", "frontier"):
         m = load_machine(name)
