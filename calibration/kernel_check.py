@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.cost import compute
+from planner.cost import compute, flops
 from planner.cost.layout import Layouts
 from planner.schema.errors import PlanError
 from planner.schema.specs import MachineModel, TrainingJob
@@ -76,8 +76,12 @@ def preset_for(card: str) -> str | None:
 
 
 def _job(seq: int, framework=None) -> TrainingJob:
-    extra = {} if framework is None else {"framework": framework}
-    return TrainingJob(global_batch=1, seq_len=seq, precision="bf16", **extra)
+    """A job at `seq` tokens: by default the device kind's fitted figures (the measured
+    kernels, which the file itself may have set, left out); `framework` for exaplan's block."""
+    from planner.schema.specs import FrameworkProfile
+
+    framework = FrameworkProfile(measured_kernels=False, weight_bytes_per_param=0.0) if framework is None else framework
+    return TrainingJob(global_batch=1, seq_len=seq, precision="bf16", framework=framework)
 
 
 def _one(batch: int = 1) -> Layouts:
@@ -152,15 +156,18 @@ def loss_rows(data: dict, machine: MachineModel) -> list[KernelRow]:
 
 def step_model_ms(machine: MachineModel, layers: int, mbs: int, seq: int, compiled: bool) -> dict[str, float]:
     """exaplan's block as layer_times charges it, x layers, by kind: GEMM, attention and the
-    rest (elementwise work, and the eager surplus unless compiled)."""
+    rest (elementwise work, the eager surplus unless compiled, and the weights' casts and
+    gradient accumulation per micro-batch), with the exaplan profile: at the device kind's
+    measured kernels where it carries them (planner/schema/kernels.py)."""
     from machine_models import load_framework
     from planner.presets import get_model
 
     spec = get_model("protein-3.5b").model_copy(update={"seq_len": seq})
     job = _job(seq, load_framework("exaplan").model_copy(update={"compiled": compiled}))
     lay = _one(mbs)
-    elem = compute.elementwise_time(machine, compute.elementwise_bytes(spec, machine, job, lay))
-    other = 3.0 * (_ms(elem) + _ms(compute.eager_extra_time(spec, machine, job, lay)))
+    elem = compute.elementwise_time(machine, compute.elementwise_bytes(spec, machine, job, lay), job)
+    weights = compute.weight_traffic_time(machine, job, flops.layer_params(spec), lay)
+    other = 3.0 * (_ms(elem) + _ms(compute.eager_extra_time(spec, machine, job, lay))) + _ms(weights)
     return {"gemm": layers * 3.0 * _ms(compute.dense_time(spec, machine, job, lay)),
             "attention": layers * (1.0 + FLASH_BACKWARD) * _ms(compute.attention_core_time(spec, machine, job, lay)),
             "other": layers * other}

@@ -16,11 +16,19 @@ calibration/published_schema.py). Held out: predicted as a check, never fitted.
          1.7B shape: hidden 2,048, 16 heads of 128, 24 blocks, 1.2 B parameters; 16 x 4,096
          tokens, micro-batch 4, 4 accumulation steps), measured 2026-11-26 after the kernel
          benchmark (docs/gpu/2026-11-26-h100-kernels.json), never predicted before:
-         docs/gpu/2026-11-26-h100-h2048-s4096-*.json. The model is 11% (eager) and 29%
-         (compiled) slow on it: README "Kernels against the cost model's terms".
+         docs/gpu/2026-11-26-h100-h2048-s4096-*.json. The fitted figures alone were 11%
+         (eager) and 29% (compiled) slow on it: README "Kernels against the cost model's terms";
+       - two cases predicted before they ran, with the measured kernels (planner/schema/
+         kernels.py; docs/gpu/2026-11-26-h100-heldout-predictions.json): the same block at
+         8 x 8,192 tokens (plans/gpu/protein-1.2b-h2048_1xh100_s8192.yaml, micro-batch 2), and
+         a narrow one, hidden 1,024 with 16 heads of 64 (plans/gpu/protein-0.3b-h1024_1xh100_
+         s2048.yaml, 64 x 2,048 tokens at micro-batch 8): docs/gpu/2026-11-26-h100-heldout-*.json.
 
 The H200's device kind copies the H100 fit (no published H200 rows); the H100's is fitted, but
 to other frameworks' runs (Megatron-LM, llm-foundry, fms-fsdp), never to this runtime on a GPU.
+These rows (exaplan_runtime) are predicted as `exaplan plan` predicts the runtime: at the
+kinds' measured kernels of the runtime (attention, elementwise work, the weights' traffic per
+micro-batch: README "Measured kernels"), the GEMMs on the fitted curve.
 Two rows per card: the blocks compiled (`--compile`: the norms, rotary embeddings, SwiGLU and
 residual adds fused, which is the elementwise count of the cost model) and eager (each of those
 op by op: the exaplan profile's eager_bytes_per_element, a count of the runtime's operators,
@@ -48,10 +56,14 @@ CARDS = {
 # (card, plan: plans/gpu/<model>_1x<plan>.yaml, sequence length, global batch, micro-batch, model)
 CASES = {"h200": ("h200", "h200", 512, 32, 32, "protein-3.5b"), "h100": ("h100", "h100", 512, 32, 8, "protein-3.5b"),
          "h100-s2048": ("h100", "h100_s2048", 2048, 16, 2, "protein-3.5b"),
-         "h100-s4096": ("h100", "h100_s4096", 4096, 16, 4, "protein-1.2b-h2048")}
+         "h100-s4096": ("h100", "h100_s4096", 4096, 16, 4, "protein-1.2b-h2048"),
+         "h100-s8192": ("h100", "h100_s8192", 8192, 8, 2, "protein-1.2b-h2048"),
+         "h100-h1024": ("h100", "h100_s2048", 2048, 64, 8, "protein-0.3b-h1024")}
 # Models other than the presets: protein-3.5b's block at section A's 1.7B shape.
 MODELS = {"protein-1.2b-h2048": dict(name="protein-1.2b-h2048", layers=24, hidden=2048, heads=16, kv_heads=16,
-                                     ffn_hidden=5504)}
+                                     ffn_hidden=5504),
+          "protein-0.3b-h1024": dict(name="protein-0.3b-h1024", layers=24, hidden=1024, heads=16, kv_heads=16,
+                                     ffn_hidden=2752)}
 # The best run's median step time (s): docs/gpu/2026-11-26-<case>-<mode>.json,
 # plans["protein-3.5b_1x<plan>(+compile)"]["best"]["exaplan"]["median_s"]. The s2048 case was
 # measured after eager_bytes_per_element was set from the count (with the first two cases'
@@ -59,9 +71,12 @@ MODELS = {"protein-1.2b-h2048": dict(name="protein-1.2b-h2048", layers=24, hidde
 MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
                  ("h100", "compile"): 0.6642, ("h100", "eager"): 0.9143,
                  ("h100-s2048", "compile"): 1.3573, ("h100-s2048", "eager"): 1.8649,
-                 ("h100-s4096", "compile"): 1.1077, ("h100-s4096", "eager"): 1.8194}
+                 ("h100-s4096", "compile"): 1.1077, ("h100-s4096", "eager"): 1.8194,
+                 ("h100-s8192", "compile"): 1.2754, ("h100-s8192", "eager"): 1.9797,
+                 ("h100-h1024", "compile"): 0.7059, ("h100-h1024", "eager"): 1.5227}
 # The evidence file of a case: docs/gpu/2026-11-26-<EVIDENCE[case]>-<mode>.json.
-EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096"}
+EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096",
+            "h100-s8192": "h100-heldout", "h100-h1024": "h100-heldout"}
 
 
 def case_model(case: str):
@@ -81,7 +96,7 @@ def own_gpu_runs() -> list[PublishedRun]:
             model=case_model(case), machine=machine, framework="fsdp",
             gpus=1, layout=PublishedLayout(dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs,
                                            recompute=Recompute.none),
-            precision=Precision.bf16, torch_blocks="compiled" if mode == "compile" else "eager",
+            precision=Precision.bf16, torch_blocks="compiled" if mode == "compile" else "eager", exaplan_runtime=True,
             figure=round(gbs * seq / step, 1), kind="tokens_per_s_per_gpu", flop_convention="none", assumed=[],
             note=f"{NOTE_M} Machine {machine} ({part}). "
                  + ("Blocks compiled (exaplan run --compile)." if mode == "compile" else

@@ -141,6 +141,8 @@ class PublishedRun(Spec):
                           "RMSNorm, SwiGLU, RoPE; section M, and torchtitan in section F): eager (the exaplan "
                           "profile's eager_bytes_per_element and launch figures apply) or compiled; None: the "
                           "framework's own kernels, which the fitted figures describe.")
+    exaplan_runtime: bool = Field(False, description="The run is exaplan's own runtime (section M): the exaplan profile's "
+                                                    "measured kernels and weight traffic apply (planner/schema/kernels.py).")
     figure: float = Field(gt=0, description="The published number, in the unit of `kind` (MFU as a fraction).")
     kind: FigureKind
     flop_convention: FlopConvention = Field("none", description="FLOP count behind TFLOP/s and MFU figures.")
@@ -160,6 +162,8 @@ class PublishedRun(Spec):
             raise ValueError(f"{self.id}: tp_comm_overlap is Megatron's setting")
         if self.grad_reduce_bf16 and self.grad_reduce_fp32:
             raise ValueError(f"{self.id}: gradients reduced in bf16 or in fp32, not both")
+        if self.exaplan_runtime and self.framework != "fsdp":
+            raise ValueError(f"{self.id}: exaplan_runtime is recorded under framework fsdp, whose profile is exaplan's")
         if self.torch_blocks and self.framework != "fsdp":
             raise ValueError(f"{self.id}: torch_blocks describes a torch trainer's blocks (framework fsdp)")
         return self
@@ -177,6 +181,7 @@ class PublishedRun(Spec):
             "compiled": self.torch_blocks == "compiled",
             **({} if self.torch_blocks else {"eager_bytes_per_element": None, "launch_us_per_op": None,
                                              "step_launch_s": 0.0}),
+            **({} if self.exaplan_runtime else {"measured_kernels": False, "weight_bytes_per_param": 0.0}),
             "overlap_tp": 1.0 if self.tp_comm_overlap else 0.0,
             **({"grad_reduce_dtype": "bf16"} if self.grad_reduce_bf16 else {}),
             **({"grad_reduce_dtype": "fp32"} if self.grad_reduce_fp32 else {}),

@@ -128,6 +128,7 @@ def explain_plan(plan: Plan, console: Console) -> None:
                   f"{p.ranks_per_node} per node, {p.machine.device_name})")
     console.print(f"job: global batch {p.job.global_batch} x {p.job.seq_len} tokens, {p.job.precision.value}, "
                   f"{p.job.workload.value}, token budget {p.job.token_budget:.3g}, framework {p.job.framework.name}")
+    console.print(f"kernels: {kernels_line(p)}")
     mesh = Table(title="Mesh (ranks row-major over these axes, tp fastest; node = rank // ranks_per_node)", title_justify="left")
     for a in MESH_AXES:
         mesh.add_column(a, justify="right")
@@ -223,3 +224,15 @@ def robustness_line(r, finalists: Layouts) -> str:
         if len(others) > 4:
             text += f"; {len(others) - 4} more"
     return text
+
+
+def kernels_line(plan: Plan) -> str:
+    """Which kernel rates the prediction charges: the device kind's measurement of exaplan's
+    runtime (planner/schema/kernels.py) or its fitted figures."""
+    from planner.cost.compute import measured_kernels
+
+    kernels = measured_kernels(plan.machine, plan.job)
+    if kernels is None:
+        return f"the fitted figures of {plan.machine.device_name} (matmul curve, attention factor, elementwise fraction)"
+    return (f"attention and elementwise work measured for exaplan's runtime on this device kind ({kernels.source}); "
+            f"GEMMs on the fitted curve")

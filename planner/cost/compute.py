@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.cost.layout import RC_FULL, RC_SELECTIVE, Layouts
+from planner.cost import flops as _flops
+from planner.cost.layout import RC_FULL, RC_SELECTIVE, SH_NONE, SH_ZERO1, SH_ZERO2, Layouts
 from planner.schema.specs import MachineModel, ModelSpec, TrainingJob, bytes_per_element
 
 
@@ -91,6 +92,11 @@ def attention_core_time(model: ModelSpec, machine: MachineModel, job: TrainingJo
     local_s = job.seq_len / lay.cp
     heads = model.heads / lay.tp
     flops = 2.0 * local_s * job.seq_len * model.head_dim  # Q K^T of one head
+    kernels = measured_kernels(machine, job)
+    if kernels is not None and machine.flash_attention:
+        seqs, where = np.unique(np.asarray(local_s, dtype=np.float64), return_inverse=True)
+        rate_tflops = np.array([kernels.attention_rate_tflops(model.head_dim, s) for s in seqs])[where].reshape(np.shape(local_s))
+        return 2.0 * flops * heads * lay.mbs * 0.5 / (rate_tflops * 1e12)
     if machine.flash_attention:
         size = np.minimum(local_s, FLASH_SATURATION_SEQ) * min(job.seq_len, FLASH_SATURATION_SEQ) * model.head_dim
         rate = matmul_efficiency(machine, np.cbrt(size)) * attention_kernel_speed(job)
@@ -99,6 +105,20 @@ def attention_core_time(model: ModelSpec, machine: MachineModel, job: TrainingJo
     per_head = flops / (machine.peak_flops(job.precision) * rate)
     causal = 0.5 if machine.flash_attention else 1.0
     return 2.0 * per_head * heads * lay.mbs * causal / machine.attention_efficiency_factor
+
+
+def measured_kernels(machine: MachineModel, job: TrainingJob):
+    """The device kind's measured kernels of exaplan's runtime (planner/schema/kernels.py)
+    where the job's framework charges them (its profile's measured_kernels) on a GPU; else None
+    (the fitted figures). Their attention rate is of the causal forward + backward: forward
+    time is the forward's FLOPs over it, and layer_times adds the backward at
+    FLASH_BACKWARD_RATIO x forward, as the rate was counted."""
+    from planner.schema.figures import is_cpu
+
+    kernels = getattr(machine, "runtime_kernels", None)
+    if kernels is None or not getattr(getattr(job, "framework", None), "measured_kernels", False) or is_cpu(machine):
+        return None
+    return kernels
 
 
 def attention_kernel_speed(job: TrainingJob) -> float:
@@ -156,10 +176,29 @@ def token_elements(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarr
     return total + (3 if model.activation == "swiglu" else 2) * T * f / t
 
 
-def elementwise_time(machine: MachineModel, nbytes) -> np.ndarray:
+def elementwise_time(machine: MachineModel, nbytes, job: TrainingJob | None = None) -> np.ndarray:
     """Seconds to move `nbytes` through memory-bound elementwise kernels: bytes / (memory
-    bandwidth x elementwise_efficiency), the fraction of the copy bandwidth such kernels reach."""
-    return np.asarray(nbytes, dtype=np.float64) / (machine.memory_bandwidth_gbyte_s * 1e9 * machine.elementwise_efficiency)
+    bandwidth x elementwise_efficiency), the fraction of the copy bandwidth such kernels reach:
+    the device kind's fitted figure, or the measured one where the job charges measured kernels."""
+    kernels = None if job is None else measured_kernels(machine, job)
+    fraction = machine.elementwise_efficiency if kernels is None else kernels.elementwise_efficiency
+    return np.asarray(nbytes, dtype=np.float64) / (machine.memory_bandwidth_gbyte_s * 1e9 * fraction)
+
+
+def weight_traffic_time(machine: MachineModel, job: TrainingJob, params, lay: Layouts) -> np.ndarray:
+    """Seconds per micro-batch for `params` weights held on a rank to move their profile's
+    weight_bytes_per_param beside the GEMMs (autocast's casts of fp32 weights, fp32 gradient
+    accumulation), streamed at EAGER_BANDWIDTH_FRACTION of the memory bandwidth: charged with
+    measured kernels only (the fitted figures hold whatever the published runs did instead),
+    and not under the FSDP shardings, whose weights arrive in bf16 from their all-gather
+    (MixedPrecisionPolicy: runtime/parallel/data_parallel.py). Measured on an H100 in the
+    runtime's step: 6.5 ms of casts and accumulation per micro-batch for 0.81 B parameters, 8.0
+    ps each, against 24 bytes at this rate, 8.1 ps (docs/gpu/2026-11-26-h100-kernels-step.json)."""
+    if measured_kernels(machine, job) is None:
+        return np.zeros_like(np.asarray(lay.mbs, dtype=np.float64))
+    nbytes = float(getattr(job.framework, "weight_bytes_per_param", 0.0)) * np.asarray(params, dtype=np.float64)
+    autocast = np.isin(lay.sharding, (SH_NONE, SH_ZERO1, SH_ZERO2))
+    return np.where(autocast, nbytes / (machine.memory_bandwidth_gbyte_s * 1e9 * EAGER_BANDWIDTH_FRACTION), 0.0)
 
 
 # The fraction of a GPU's memory bandwidth that eager PyTorch's elementwise kernels reach: each is
@@ -219,11 +258,12 @@ def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: 
     test_recompute_cost.py."""
     attn = attention_core_time(model, machine, job, lay)
     dense = dense_time(model, machine, job, lay)
-    elem = elementwise_time(machine, elementwise_bytes(model, machine, job, lay)) + eager_extra_time(model, machine, job, lay)
+    elem = elementwise_time(machine, elementwise_bytes(model, machine, job, lay), job) + eager_extra_time(model, machine, job, lay)
     forward = attn + dense + elem
     full = forward - last_gemm_time(model, machine, job, lay) if recompute_early_stop(job) else forward
     recompute = np.where(lay.recompute == RC_FULL, full, np.where(lay.recompute == RC_SELECTIVE, attn, 0.0))
-    return forward, 3.0 * (dense + elem) + (1.0 + attention_backward_ratio(machine)) * attn + recompute
+    weights = weight_traffic_time(machine, job, _flops.layer_params(model) / lay.tp, lay)
+    return forward, 3.0 * (dense + elem) + (1.0 + attention_backward_ratio(machine)) * attn + recompute + weights
 
 
 # Reads and writes of each fp32 logit by the loss, forward and backward. Megatron's
@@ -255,7 +295,8 @@ def head_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: La
     T = tokens_per_microbatch(job, lay)
     gemm = gemm_time(machine, job, T, model.vocab_size / lay.tp, model.hidden)
     loss_bytes = loss_traffic_bytes_per_logit(job) * T * model.vocab_size / lay.tp
-    return 3.0 * gemm + elementwise_time(machine, loss_bytes)
+    weights = weight_traffic_time(machine, job, model.vocab_size * model.hidden / lay.tp, lay)
+    return 3.0 * gemm + elementwise_time(machine, loss_bytes, job) + weights
 
 
 # Operators one block launches for one micro-batch: forward (two norms of ~6 ops, three QKV

@@ -353,7 +353,7 @@ _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "pre
                        "cpu_figures": {}, "loss_traffic_bytes_per_logit": None,
                        "attention_kernel_speed": 1.0, "recompute_early_stop": False,
                        "eager_bytes_per_element": None, "compiled": False, "launch_us_per_op": None,
-                       "step_launch_s": 0.0}
+                       "step_launch_s": 0.0, "measured_kernels": False, "weight_bytes_per_param": 0.0}
 
 
 _EARLIER_VALUES = {name: value for name, value in _FRAMEWORK_DEFAULTS.items()
@@ -368,6 +368,8 @@ def _body(plan: Plan, for_hash: bool = False) -> dict:
         body.pop("backend", None)
     if for_hash and body["sharding"].get("ddp_impl") is None:  # plans made before the field was added keep their hash
         body["sharding"].pop("ddp_impl", None)
+    if body["machine"].get("runtime_kernels") is None:  # added later: absent where no kind measured it
+        body["machine"].pop("runtime_kernels", None)
     framework = body["job"]["framework"]
     for name, value in _FRAMEWORK_DEFAULTS.items():
         if framework.get(name) == value:

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.schema.kernels import RuntimeKernels
 from planner.schema.launch import LaunchSettings
 from planner.schema.vocab import VOCAB_SIZE
 
@@ -53,9 +54,7 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
-# --------------------------------------------------------------------------------------------
-# Model
-# --------------------------------------------------------------------------------------------
+# --- Model ----------------------------------------------------------------------------------
 
 
 class ModelSpec(Spec):
@@ -87,9 +86,7 @@ class ModelSpec(Spec):
         return self.hidden // self.heads
 
 
-# --------------------------------------------------------------------------------------------
-# Machine
-# --------------------------------------------------------------------------------------------
+# --- Machine --------------------------------------------------------------------------------
 
 
 class Precision(str, Enum):
@@ -239,6 +236,8 @@ class MachineModel(Spec):
     memory_reserve_gib: float = Field(2.0, ge=0, le=MAX_SIZE_GIB, description="Per device: runtime context, workspace (GiB).")
     fragmentation_fraction: Fraction = Field(0.1, description="Extra fraction of allocated memory lost to fragmentation.")
     calibrated: bool = Field(False, description="True when the efficiency figures were measured or fitted.")
+    runtime_kernels: RuntimeKernels | None = Field(None, description="exaplan's runtime's kernels measured on this device "
+                                                   "kind (planner/schema/kernels.py); None: not measured.")
     launch: LaunchSettings | None = Field(
         None, exclude=True, description="How jobs start on this machine (`exaplan launch`; planner/schema/launch.py). "
                                         "Not written into plan files, nor into their content hash.")
@@ -267,9 +266,7 @@ class MachineModel(Spec):
         return tf * 1e12
 
 
-# --------------------------------------------------------------------------------------------
-# Layout choices and the training framework
-# --------------------------------------------------------------------------------------------
+# --- Layout choices and the training framework ----------------------------------------------
 
 
 class Sharding(str, Enum):
@@ -352,6 +349,11 @@ class FrameworkProfile(Spec):
     compiled: bool = Field(False, description="The blocks run through torch.compile (`exaplan plan --compile` "
                                               "writes `compile: true` into the plan): eager_bytes_per_element and "
                                               "the launch floor do not apply.")
+    measured_kernels: bool = Field(True, description="Where the machine carries runtime_kernels (measured for exaplan's "
+                                   "runtime), attention and elementwise work are charged at those rates (planner/cost/compute.py).")
+    weight_bytes_per_param: Annotated[float, Field(ge=0, le=1e3)] = Field(
+        24.0, description="Bytes each parameter a rank holds moves per micro-batch beside the GEMMs, charged with measured_kernels: "
+                         "fp32 weights cast under autocast and fp32 gradient accumulation (exaplan's runtime: 24).")
     shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
                                       description="Data-parallel shardings the framework runs.")
     cpu_figures: dict[str, float] = Field(
@@ -400,9 +402,7 @@ class FrameworkProfile(Spec):
         return machine.model_copy(update=update) if update else machine
 
 
-# --------------------------------------------------------------------------------------------
-# Training job
-# --------------------------------------------------------------------------------------------
+# --- Training job ---------------------------------------------------------------------------
 
 
 class Workload(str, Enum):

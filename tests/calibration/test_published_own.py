@@ -1,10 +1,11 @@
 """Section M (calibration/published_own.py): exaplan's own runs on lent GPUs (an H200, an H100),
 held out. The records must say what the evidence files (docs/gpu/) measured and what the plan
 ran, and each prediction must fall inside the uncertainty the planner states for its device
-kind: the eager rows through the exaplan profile's eager term, the compiled ones without it.
-The small-hidden case at 4,096 tokens (h100-s4096, measured after the kernel benchmark) falls
-outside that band (11% and 29% slow: README "Kernels against the cost model's terms"): it is
-recorded and checked against its evidence, and the band is asserted for protein-3.5b's cases."""
+kind: the eager rows through the exaplan profile's eager term, the compiled ones without it,
+all at the kinds' measured kernels (planner/schema/kernels.py). Two cases were predicted before
+they ran (docs/gpu/2026-11-26-h100-heldout-predictions.json). One eager row falls outside that
+band: the narrow block (hidden 1,024) run op by op, 19% slower than predicted (README "Measured
+kernels"); it is recorded and checked against its evidence, and the band is asserted for the rest."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from machine_models.loader import load_machine
 ROOT = Path(__file__).resolve().parents[2]
 
 
-WITHIN_BAND = ("h200", "h100", "h100-s2048")
+CASES_RUN = ("h200", "h100", "h100-s2048", "h100-s4096", "h100-s8192", "h100-h1024")
+OUTSIDE_BAND = {("h100-h1024", "eager")}
+PROTEIN_35B = ("h200", "h100", "h100-s2048")
 
 
 def _card_mode(run):
@@ -37,7 +40,7 @@ def _plan(case: str) -> dict:
 
 def test_the_records_are_the_measured_runs():
     runs = {_card_mode(r): r for r in own_gpu_runs()}
-    assert set(runs) == {(c, m) for c in ("h200", "h100", "h100-s2048", "h100-s4096") for m in ("compile", "eager")}
+    assert set(runs) == {(c, m) for c in CASES_RUN for m in ("compile", "eager")}
     for (case, mode), run in runs.items():
         plan = _plan(case)
         tokens = plan["job"]["global_batch"] * plan["job"]["seq_len"]
@@ -68,7 +71,26 @@ def test_held_out_and_predicted_within_the_stated_uncertainty():
         predicted[card, mode], _ = predict(run, load_machine(run.machine))
         if mode == "eager":  # the plan's own prediction
             assert predicted[card, mode] == pytest.approx(plan["prediction"]["tokens_per_s"], rel=1e-6)
-        if card in WITHIN_BAND:
+        if (card, mode) not in OUTSIDE_BAND:
             assert abs(predicted[card, mode] / run.figure - 1) < unc["step_time"], run.id
-    for card in WITHIN_BAND:  # compiling removes the eager term: 20-30% faster on protein-3.5b's plans
+    for card in PROTEIN_35B:  # compiling removes the eager term: 20-30% faster on protein-3.5b's plans
         assert 1.15 < predicted[card, "compile"] / predicted[card, "eager"] < 1.4
+
+
+def test_the_measured_kernels_carry_the_long_and_narrow_compiled_cases():
+    """Without the H100's measured kernels (the fitted figures alone, as before they were
+    measured) the compiled runs at 4k-8k tokens and the narrow block are 20-30% off; with them,
+    within 5% (the fitted figures are other frameworks' effective rates)."""
+    from planner.cost import compute
+
+    runs = {_card_mode(r): r for r in own_gpu_runs()}
+    for case in ("h100-s4096", "h100-s8192", "h100-h1024"):
+        run = runs[case, "compile"]
+        machine = load_machine(run.machine)
+        assert machine.runtime_kernels is not None and run.job().framework.measured_kernels
+        with_kernels, _ = predict(run, machine)
+        assert abs(with_kernels / run.figure - 1) < 0.05, case
+        fitted, _ = predict(run, machine.model_copy(update={"runtime_kernels": None}))
+        assert abs(fitted / run.figure - 1) > 0.2, case
+    assert compute.measured_kernels(machine, runs["h100", "compile"].job().model_copy(
+        update={"framework": runs["h100", "compile"].job().framework.model_copy(update={"measured_kernels": False})})) is None

@@ -19,11 +19,12 @@ EXACT = dict(rel=1e-12, abs=0.0)
 
 
 def job(seq=4096) -> TrainingJob:
-    """The fused count's job: exaplan's blocks compiled (the eager surplus has its own test)."""
+    """The fused count's job: exaplan's blocks compiled (the eager surplus has its own test),
+    at the device kinds' fitted figures (the measured kernels: tests/planner/test_measured_kernels.py)."""
     from machine_models import load_framework
 
     return TrainingJob(global_batch=64, seq_len=seq, precision=Precision.bf16,
-                       framework=load_framework("exaplan", compiled=True))
+                       framework=load_framework("exaplan", compiled=True).model_copy(update={"measured_kernels": False}))
 
 
 def parts(machine, lay, model=MODEL, seq=4096):
@@ -180,7 +181,7 @@ def test_attention_kernel_speed_scales_the_fused_kernel_only():
     from planner.schema.specs import FrameworkProfile
 
     lay = Layouts.one(dp=8, mbs=1)
-    slow_job = job().model_copy(update={"framework": FrameworkProfile(attention_kernel_speed=0.5)})
+    slow_job = job().model_copy(update={"framework": FrameworkProfile(attention_kernel_speed=0.5, measured_kernels=False)})
     j = job()
     fast = float(compute.attention_core_time(MODEL, H100, j, lay)[0])
     slow = float(compute.attention_core_time(MODEL, H100, slow_job, lay)[0])
@@ -199,7 +200,7 @@ def test_fused_loss_moves_six_bytes_a_logit():
     lay = Layouts.one(dp=8, mbs=1)
     j = job()
     fused = j.model_copy(update={"framework": FrameworkProfile(
-        loss_traffic_bytes_per_logit=compute.FUSED_LOSS_TRAFFIC_BYTES_PER_LOGIT)})
+        loss_traffic_bytes_per_logit=compute.FUSED_LOSS_TRAFFIC_BYTES_PER_LOGIT, measured_kernels=False)})
     assert compute.loss_traffic_bytes_per_logit(j) == 4 * compute.LOSS_ACCESSES_PER_LOGIT
     T, V = 4096, MODEL.vocab_size
     saved = (48 - 6) * T * V / (H100.memory_bandwidth_gbyte_s * 1e9 * H100.elementwise_efficiency)
