@@ -22,7 +22,11 @@ calibration/published_schema.py). Held out: predicted as a check, never fitted.
          kernels.py; docs/gpu/2026-11-26-h100-heldout-predictions.json): the same block at
          8 x 8,192 tokens (plans/gpu/protein-1.2b-h2048_1xh100_s8192.yaml, micro-batch 2), and
          a narrow one, hidden 1,024 with 16 heads of 64 (plans/gpu/protein-0.3b-h1024_1xh100_
-         s2048.yaml, 64 x 2,048 tokens at micro-batch 8): docs/gpu/2026-11-26-h100-heldout-*.json.
+         s2048.yaml, 64 x 2,048 tokens at micro-batch 8): docs/gpu/2026-11-26-h100-heldout-*.json;
+       - the first of them on an H200 too (plans/gpu/protein-1.2b-h2048_1xh200_s8192.yaml,
+         micro-batch 4), predicted before it ran with the H100's kernels copied
+         (docs/gpu/2026-11-26-h200-heldout-predictions.json), the H200's own kernels measured
+         in the same call: docs/gpu/2026-11-26-h200-heldout-*.json, 2026-11-26-h200-kernels.json.
 
 The H200's device kind copies the H100 fit (no published H200 rows); the H100's is fitted, but
 to other frameworks' runs (Megatron-LM, llm-foundry, fms-fsdp), never to this runtime on a GPU.
@@ -58,7 +62,8 @@ CASES = {"h200": ("h200", "h200", 512, 32, 32, "protein-3.5b"), "h100": ("h100",
          "h100-s2048": ("h100", "h100_s2048", 2048, 16, 2, "protein-3.5b"),
          "h100-s4096": ("h100", "h100_s4096", 4096, 16, 4, "protein-1.2b-h2048"),
          "h100-s8192": ("h100", "h100_s8192", 8192, 8, 2, "protein-1.2b-h2048"),
-         "h100-h1024": ("h100", "h100_s2048", 2048, 64, 8, "protein-0.3b-h1024")}
+         "h100-h1024": ("h100", "h100_s2048", 2048, 64, 8, "protein-0.3b-h1024"),
+         "h200-s8192": ("h200", "h200_s8192", 8192, 8, 4, "protein-1.2b-h2048")}
 # Models other than the presets: protein-3.5b's block at section A's 1.7B shape.
 MODELS = {"protein-1.2b-h2048": dict(name="protein-1.2b-h2048", layers=24, hidden=2048, heads=16, kv_heads=16,
                                      ffn_hidden=5504),
@@ -73,10 +78,11 @@ MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
                  ("h100-s2048", "compile"): 1.3573, ("h100-s2048", "eager"): 1.8649,
                  ("h100-s4096", "compile"): 1.1077, ("h100-s4096", "eager"): 1.8194,
                  ("h100-s8192", "compile"): 1.2754, ("h100-s8192", "eager"): 1.9797,
-                 ("h100-h1024", "compile"): 0.7059, ("h100-h1024", "eager"): 1.5227}
+                 ("h100-h1024", "compile"): 0.7059, ("h100-h1024", "eager"): 1.5227,
+                 ("h200-s8192", "compile"): 1.2156, ("h200-s8192", "eager"): 1.7498}
 # The evidence file of a case: docs/gpu/2026-11-26-<EVIDENCE[case]>-<mode>.json.
 EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096",
-            "h100-s8192": "h100-heldout", "h100-h1024": "h100-heldout"}
+            "h100-s8192": "h100-heldout", "h100-h1024": "h100-heldout", "h200-s8192": "h200-heldout"}
 
 
 def case_model(case: str):

@@ -23,7 +23,7 @@ from machine_models.loader import load_machine
 ROOT = Path(__file__).resolve().parents[2]
 
 
-CASES_RUN = ("h200", "h100", "h100-s2048", "h100-s4096", "h100-s8192", "h100-h1024")
+CASES_RUN = ("h200", "h100", "h100-s2048", "h100-s4096", "h100-s8192", "h100-h1024", "h200-s8192")
 OUTSIDE_BAND = {("h100-h1024", "eager")}
 PROTEIN_35B = ("h200", "h100", "h100-s2048")
 
