@@ -12,7 +12,8 @@ Step time: the 80th percentile of |leave-one-out error| over the published rows 
 machine's device kind and, separately, of the job's framework; the larger of the two (a
 prediction is as uncertain as its less-known half). The held-out errors of exaplan's own runs
 on GPUs (section M: never fitted, out of sample like the leave-one-out ones) are pooled into
-the exaplan profile and into their device kind where it has rows (`held_out_rows`). A device kind without fitted rows of its
+the exaplan profile and into their device kind where it has rows (`held_out_rows`): they may
+widen its p80, never narrow it (single-GPU steps say nothing of communication). A device kind without fitted rows of its
 own ("unfitted", or "copied from" another kind) gets UNFITTED_STEP_TIME instead, stated as
 such; so does a framework whose rows could not fit its figures (`held` in uncertainty.yaml:
 they stay first guesses). Memory: MEMORY, the 80th percentile of the net memory errors of the local validation

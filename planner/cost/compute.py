@@ -224,13 +224,16 @@ def eager_extra_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     micro-batch, over the fused count of token_elements: a framework that runs them op by op
     (its profile's eager_bytes_per_element, e, and not `compiled`) moves e bytes per element of
     that count where fused kernels move one element's size; the surplus streams at
-    EAGER_BANDWIDTH_FRACTION of the memory bandwidth. Backward is counted as 2 x this
+    EAGER_BANDWIDTH_FRACTION of the memory bandwidth, or at the device kind's measured
+    eager_surplus_efficiency where the job charges measured kernels. Backward is counted as 2 x this
     (layer_times), as the count itself was taken: forward and backward of the runtime's block
     (tests/runtime/test_eager_traffic.py). Zero on a CPU, whose fitted figures were measured
     on the eager runtime itself (figures.is_cpu), and for fused or compiled frameworks."""
     e = eager_gpu_figure(machine, job, "eager_bytes_per_element")
     surplus = 0.0 if e is None else max(e - bytes_per_element(job.precision), 0.0)
-    return surplus * token_elements(model, job, lay) / (machine.memory_bandwidth_gbyte_s * 1e9 * EAGER_BANDWIDTH_FRACTION)
+    kernels = measured_kernels(machine, job)
+    rate = getattr(kernels, "eager_surplus_efficiency", None) or EAGER_BANDWIDTH_FRACTION
+    return surplus * token_elements(model, job, lay) / (machine.memory_bandwidth_gbyte_s * 1e9 * rate)
 
 
 def recompute_early_stop(job: TrainingJob) -> bool:

@@ -13,7 +13,10 @@ at those rates instead (planner/cost/compute.py):
                          calls it (the backend torch picks on the device), counted as the
                          cost model counts it: the causal half, backward 2.5 x forward;
   elementwise_efficiency the compiled norm + residual and SwiGLU kernels' rate on the cost
-                         model's count of their traffic, over the memory bandwidth.
+                         model's count of their traffic, over the memory bandwidth;
+  eager_surplus_efficiency  the rate of what eager blocks move beyond that count (the profile's
+                         eager_bytes_per_element surplus): the runtime's eager block's other
+                         kernels less its compiled block's, over the surplus the count gives.
 
 The GEMMs keep the fitted curve: in the runtime's own step its GEMM kernels measured within 8%
 of it (`exaplan validate --kernels`), closer than the forward-only microbenchmarks (which run
@@ -43,6 +46,10 @@ class RuntimeKernels(BaseModel):
     elementwise_efficiency: Annotated[float, Field(gt=0, le=1)] = Field(
         description="The compiled elementwise kernels' rate on the cost model's count of their traffic, over the "
                     "memory bandwidth (the median of the measured cases).")
+
+    eager_surplus_efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None, description="The rate of the eager blocks' traffic beyond the fused count, over the memory bandwidth "
+                          "(planner/cost/compute.py eager_extra_time); None: a copy's rate (EAGER_BANDWIDTH_FRACTION).")
 
     @field_validator("attention_tflops")
     @classmethod

@@ -368,8 +368,11 @@ def _body(plan: Plan, for_hash: bool = False) -> dict:
         body.pop("backend", None)
     if for_hash and body["sharding"].get("ddp_impl") is None:  # plans made before the field was added keep their hash
         body["sharding"].pop("ddp_impl", None)
-    if body["machine"].get("runtime_kernels") is None:  # added later: absent where no kind measured it
+    kernels = body["machine"].get("runtime_kernels")
+    if kernels is None:  # added later: absent where no kind measured it
         body["machine"].pop("runtime_kernels", None)
+    elif kernels.get("eager_surplus_efficiency") is None:  # added after the first plans that carry kernels
+        kernels.pop("eager_surplus_efficiency", None)
     framework = body["job"]["framework"]
     for name, value in _FRAMEWORK_DEFAULTS.items():
         if framework.get(name) == value:

@@ -72,6 +72,11 @@ def test_held_out_errors_are_pooled_into_their_profile_and_fitted_kind(tmp_path)
     assert ex["p80"] == pytest.approx(np.quantile([0.01, 0.02, 0.03, 0.04, 0.05, 0.3, 0.06], 0.8), abs=1e-4)
     u = uncertainty_of(load_machine("dgx-h100"), load_framework("exaplan"), path=path)
     assert "exaplan (7 rows, 2 held out)" in u.basis and "(7 rows, 1 held out)" in u.basis
+    # Held-out errors smaller than the leave-one-out ones never narrow the band
+    write_uncertainty(loo, path=path, held_out=[(H100, "exaplan", 0.0)] * 10)
+    data = yaml.safe_load(path.read_text())
+    assert data["frameworks"]["exaplan"]["held_out_rows"] == 10
+    assert data["frameworks"]["exaplan"]["p80"] == pytest.approx(np.quantile([0.01, 0.02, 0.03, 0.04, 0.05], 0.8), abs=1e-4)
 
 
 def test_the_shipped_exaplan_band_counts_its_own_gpu_runs():

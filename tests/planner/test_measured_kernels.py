@@ -106,3 +106,12 @@ def test_explain_says_which_kernel_rates_a_plan_charges():
     assert H100.runtime_kernels.source in kernels_line(h100)
     aurora = load_plan(plans / "protein-3.5b_aurora_3200n.yaml")
     assert kernels_line(aurora).startswith("the fitted figures of Intel Max 1550 tile")
+
+
+def test_eager_surplus_streams_at_the_measured_rate_where_there_is_one():
+    lay = Layouts.one(dp=1, mbs=4)
+    eager = TrainingJob(global_batch=8, seq_len=512, precision=Precision.bf16, framework=load_framework("exaplan"))
+    copy_rate = compute.eager_extra_time(MODEL, H100.model_copy(update={"runtime_kernels": TABLE}), eager, lay)
+    measured = compute.eager_extra_time(MODEL, H100, eager, lay)
+    assert TABLE.eager_surplus_efficiency is None and H100.runtime_kernels.eager_surplus_efficiency == 0.63
+    assert float(measured[0]) == pytest.approx(float(copy_rate[0]) * compute.EAGER_BANDWIDTH_FRACTION / 0.63, rel=1e-12)
