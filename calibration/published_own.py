@@ -26,7 +26,10 @@ calibration/published_schema.py). Held out: predicted as a check, never fitted.
        - the first of them on an H200 too (plans/gpu/protein-1.2b-h2048_1xh200_s8192.yaml,
          micro-batch 4), predicted before it ran with the H100's kernels copied
          (docs/gpu/2026-11-26-h200-heldout-predictions.json), the H200's own kernels measured
-         in the same call: docs/gpu/2026-11-26-h200-heldout-*.json, 2026-11-26-h200-kernels.json.
+         in the same call: docs/gpu/2026-11-26-h200-heldout-*.json, 2026-11-26-h200-kernels.json;
+       - a mid-sized block (hidden 1,536, 12 heads of 128; plans/gpu/protein-0.7b-h1536_1xh100_
+         s1024.yaml, 64 x 1,024 tokens at micro-batch 8), predicted before it ran with the eager
+         surplus's measured rate, its check (docs/gpu/2026-11-26-h100-heldout2-*.json).
 
 The H200's device kind copies the H100 fit (no published H200 rows); the H100's is fitted, but
 to other frameworks' runs (Megatron-LM, llm-foundry, fms-fsdp), never to this runtime on a GPU.
@@ -63,12 +66,15 @@ CASES = {"h200": ("h200", "h200", 512, 32, 32, "protein-3.5b"), "h100": ("h100",
          "h100-s4096": ("h100", "h100_s4096", 4096, 16, 4, "protein-1.2b-h2048"),
          "h100-s8192": ("h100", "h100_s8192", 8192, 8, 2, "protein-1.2b-h2048"),
          "h100-h1024": ("h100", "h100_s2048", 2048, 64, 8, "protein-0.3b-h1024"),
-         "h200-s8192": ("h200", "h200_s8192", 8192, 8, 4, "protein-1.2b-h2048")}
+         "h200-s8192": ("h200", "h200_s8192", 8192, 8, 4, "protein-1.2b-h2048"),
+         "h100-h1536": ("h100", "h100_s1024", 1024, 64, 8, "protein-0.7b-h1536")}
 # Models other than the presets: protein-3.5b's block at section A's 1.7B shape.
 MODELS = {"protein-1.2b-h2048": dict(name="protein-1.2b-h2048", layers=24, hidden=2048, heads=16, kv_heads=16,
                                      ffn_hidden=5504),
           "protein-0.3b-h1024": dict(name="protein-0.3b-h1024", layers=24, hidden=1024, heads=16, kv_heads=16,
-                                     ffn_hidden=2752)}
+                                     ffn_hidden=2752),
+          "protein-0.7b-h1536": dict(name="protein-0.7b-h1536", layers=24, hidden=1536, heads=12, kv_heads=12,
+                                     ffn_hidden=4096)}
 # The best run's median step time (s): docs/gpu/2026-11-26-<case>-<mode>.json,
 # plans["protein-3.5b_1x<plan>(+compile)"]["best"]["exaplan"]["median_s"]. The s2048 case was
 # measured after eager_bytes_per_element was set from the count (with the first two cases'
@@ -79,10 +85,12 @@ MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
                  ("h100-s4096", "compile"): 1.1077, ("h100-s4096", "eager"): 1.8194,
                  ("h100-s8192", "compile"): 1.2754, ("h100-s8192", "eager"): 1.9797,
                  ("h100-h1024", "compile"): 0.7059, ("h100-h1024", "eager"): 1.5227,
-                 ("h200-s8192", "compile"): 1.2156, ("h200-s8192", "eager"): 1.7498}
+                 ("h200-s8192", "compile"): 1.2156, ("h200-s8192", "eager"): 1.7498,
+                 ("h100-h1536", "compile"): 0.6367, ("h100-h1536", "eager"): 1.2442}
 # The evidence file of a case: docs/gpu/2026-11-26-<EVIDENCE[case]>-<mode>.json.
 EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096",
-            "h100-s8192": "h100-heldout", "h100-h1024": "h100-heldout", "h200-s8192": "h200-heldout"}
+            "h100-s8192": "h100-heldout", "h100-h1024": "h100-heldout", "h200-s8192": "h200-heldout",
+            "h100-h1536": "h100-heldout2"}
 
 
 def case_model(case: str):

@@ -4,7 +4,8 @@ ran, and each prediction must fall inside the uncertainty the planner states for
 kind: the eager rows through the exaplan profile's eager term, the compiled ones without it,
 all at the kinds' measured kernels (planner/schema/kernels.py). Six were predicted before they
 ran (docs/gpu/2026-11-26-h{100,200}-heldout-predictions.json); the eager surplus's measured rate
-was set after them (README "Measured kernels")"""
+was set after them, and two more checked it blind (docs/gpu/2026-11-26-h100-heldout2-*; README
+"Measured kernels")"""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from machine_models.loader import load_machine
 ROOT = Path(__file__).resolve().parents[2]
 
 
-CASES_RUN = ("h200", "h100", "h100-s2048", "h100-s4096", "h100-s8192", "h100-h1024", "h200-s8192")
+CASES_RUN = ("h200", "h100", "h100-s2048", "h100-s4096", "h100-s8192", "h100-h1024", "h200-s8192", "h100-h1536")
 OUTSIDE_BAND: set[tuple[str, str]] = set()  # every run inside its band since the eager surplus was measured
 PROTEIN_35B = ("h200", "h100", "h100-s2048")
 
