@@ -12,8 +12,10 @@ conventions: calibration/published_schema.py).
                        exaplan's own runtime on a lent H200; F: torchtitan on H100s,
                        G: BLOOM-176B with Megatron-DeepSpeed, on hardware that the machine
                        presets only stand in for; the Frontier torchtitan row of I and J's
-                       GH200 rows, calibration/published_seed_hw.py; L: the
-                       rest of llm-foundry's benchmark tables, calibration/published_foundry.py)
+                       GH200 rows, calibration/published_seed_hw.py; N: NVIDIA's DGX Cloud
+                       benchmarking recipes, Llama 3.1 on DGX H100 with NeMo (Megatron-Core),
+                       calibration/published_nemo.py; L: the rest of llm-foundry's benchmark
+                       tables, calibration/published_foundry.py)
 """
 
 from __future__ import annotations
@@ -218,6 +220,8 @@ def held_out_runs() -> list[PublishedRun]:
     """Published rows that no fit sees, predicted to check the model where it was not fitted
     (section L, llm-foundry's whole tables, last)."""
     from calibration.published_foundry import foundry_runs
+    from calibration.published_nemo import nemo_runs
     from calibration.published_own import own_gpu_runs
 
-    return _section_a_strong() + held_out_extra_runs() + held_out_seed_hw_runs() + own_gpu_runs() + foundry_runs()
+    return (_section_a_strong() + held_out_extra_runs() + held_out_seed_hw_runs() + own_gpu_runs() + nemo_runs()
+            + foundry_runs())

@@ -78,6 +78,7 @@ class PublishedLayout(Spec):
 
     tp: PosInt = Field(1, description="Tensor-parallel degree.")
     pp: PosInt = Field(1, description="Pipeline-parallel degree.")
+    cp: PosInt = Field(1, description="Context-parallel degree (Megatron's context_parallel_size: each sequence split over cp ranks).")
     dp: PosInt = Field(description="Data-parallel degree (all replicas and shards).")
     sharding: Sharding = Field(description="Megatron distributed optimizer = zero1; FSDP FULL_SHARD = fsdp; hybrid = hsdp.")
     shard_group: PosInt | None = Field(None, description="hsdp only: ranks sharing one copy (dp_shard).")
@@ -103,6 +104,7 @@ class PublishedLayout(Spec):
         """Short text such as 'tp8 pp8 v3 dp1 sp rc selective mbs1 gas64'."""
         parts = [f"tp{self.tp}"] if self.tp > 1 else []
         parts += [f"pp{self.pp}" + (f" v{self.vpp}" if self.vpp > 1 else "")] if self.pp > 1 else []
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
         sh = self.sharding.value + (f"/{self.shard_group}" if self.shard_group else "")
         parts.append(f"dp{self.dp}" + ("" if self.sharding == Sharding.none else f" {sh}"))
         if self.sequence_parallel:
@@ -117,7 +119,7 @@ class PublishedRun(Spec):
     """One published figure and everything needed to predict it."""
 
     id: str = Field(description="Short unique id, section letter first.")
-    section: str = Field(pattern=r"^[A-Z]$", description="A: Megatron-LM README (DGX H100); B: Korthikanti et al. 2022 (DGX A100); C: MosaicML llm-foundry (H100); D: IBM fms-fsdp (A100); later letters: calibration/published_extra.py.")
+    section: str = Field(pattern=r"^[A-Z]$", description="A: Megatron-LM README (DGX H100); B: Korthikanti et al. 2022 (DGX A100); C: MosaicML llm-foundry (H100); D: IBM fms-fsdp (A100); later letters: calibration/published_extra.py, published_seed_hw.py, published_own.py, published_nemo.py.")
     source: str = Field(description="Where the figure was published.")
     model: ModelSpec
     machine: str = Field(description="Machine preset (machine_models/<name>.yaml).")
@@ -152,8 +154,8 @@ class PublishedRun(Spec):
     @model_validator(mode="after")
     def _check(self) -> "PublishedRun":
         lay = self.layout
-        if lay.tp * lay.pp * lay.dp != self.gpus:
-            raise ValueError(f"{self.id}: tp x pp x dp = {lay.tp * lay.pp * lay.dp}, published GPUs {self.gpus}")
+        if lay.tp * lay.pp * lay.cp * lay.dp != self.gpus:
+            raise ValueError(f"{self.id}: tp x pp x cp x dp = {lay.tp * lay.pp * lay.cp * lay.dp}, published GPUs {self.gpus}")
         if self.kind in ("model_tflops_per_gpu", "mfu") and self.flop_convention == "none":
             raise ValueError(f"{self.id}: a FLOP-rate figure needs its FLOP convention")
         if lay.sharding not in FRAMEWORK_SHARDINGS[self.framework]:
@@ -193,9 +195,9 @@ class PublishedRun(Spec):
                            framework=profile)
 
     def layouts(self) -> Layouts:
-        """The run's layout as a one-row Layouts (cp = 1 in every published row)."""
+        """The run's layout as a one-row Layouts."""
         lay = self.layout
-        return Layouts.one(dp=lay.dp, mbs=lay.micro_batch, gas=lay.gas, tp=lay.tp, pp=lay.pp, sharding=lay.sharding,
+        return Layouts.one(dp=lay.dp, mbs=lay.micro_batch, gas=lay.gas, tp=lay.tp, pp=lay.pp, cp=lay.cp, sharding=lay.sharding,
                            shard_group=lay.shard_group, recompute=lay.recompute, vpp=lay.vpp, sp=lay.sequence_parallel)
 
     @property

@@ -32,7 +32,7 @@ def stated_pins(run: PublishedRun) -> Pins | None:
     if not free:
         return None
     lay = run.layout
-    pins = dict(tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=1, mbs=lay.micro_batch, shard=lay.sharding,
+    pins = dict(tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp, mbs=lay.micro_batch, shard=lay.sharding,
                 shard_group=lay.shard_group, vpp=lay.vpp if lay.pp > 1 else None, recompute=lay.recompute,
                 sp=lay.sequence_parallel if lay.tp > 1 else None)
     return Pins(**{k: (None if k in free else v) for k, v in pins.items()})

@@ -71,10 +71,10 @@ def test_runs_are_well_formed():
     assert len(ids) == len(set(ids)) == 46
     assert {r.section for r in runs} == {"A", "B", "C", "D", "H", "I", "K"}
     held = held_out_runs()
-    assert {r.section for r in held} == {"A", "F", "G", "I", "J", "L", "M"} and not {r.id for r in held} & set(ids)
+    assert {r.section for r in held} == {"A", "F", "G", "I", "J", "L", "M", "N"} and not {r.id for r in held} & set(ids)
     for r in runs:
         assert r.kind in UNITS
-        assert r.layout.tp * r.layout.pp * r.layout.dp == r.gpus
+        assert r.layout.tp * r.layout.pp * r.layout.cp * r.layout.dp == r.gpus
         # Megatron-LM in A and B; llm-foundry (C, H) and fms-fsdp (D) train with PyTorch FSDP;
         # the LUMI (I) and Aurora (K) rows with Megatron-DeepSpeed.
         assert r.framework == ("megatron" if r.section in "AB" else "deepspeed" if r.section in "IK" else "fsdp")
