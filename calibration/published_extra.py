@@ -50,17 +50,18 @@ NOTE_F_EAGER = (
 )
 
 
-def _llama3(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
-    """Llama 3.1 as torchtitan builds it: SwiGLU, RMSNorm, RoPE, 8 KV heads, untied, vocab
-    128256, seq 8192 (ffn = 1.3 x 8/3 d rounded up to multiple_of, torchtitan's llama3 args)."""
+def llama31_model(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
+    """Llama 3.1 as torchtitan (section F) and NeMo (section N, published_nemo.py) build it:
+    SwiGLU, RMSNorm, RoPE, 8 KV heads, untied, vocab 128256, seq 8192 (ffn = 1.3 x 8/3 d
+    rounded up to multiple_of, torchtitan's llama3 args)."""
     return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=8, ffn_hidden=ffn,
                      vocab_size=128256, seq_len=8192, activation="swiglu", norm="rmsnorm", position="rope",
                      tied_embeddings=False)
 
 
 def _section_f() -> list[dict[str, Any]]:
-    llama8b = _llama3("llama3.1-8b", 32, 4096, 32, 14336)
-    llama70b = _llama3("llama3.1-70b", 80, 8192, 64, 28672)
+    llama8b = llama31_model("llama3.1-8b", 32, 4096, 32, 14336)
+    llama70b = llama31_model("llama3.1-70b", 80, 8192, 64, 28672)
     common = dict(section="F", source=SOURCE_F, machine="dgx-h100", framework="fsdp", kind="tokens_per_s_per_gpu")
     return [
         dict(id="F-llama3.1-8b-fsdp128", model=llama8b, gpus=128,

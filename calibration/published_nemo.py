@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from calibration.published_extra import llama31_model
 from calibration.published_schema import PublishedLayout, PublishedRun
 from planner.schema.plan import Sharding
 from planner.schema.specs import ModelSpec
@@ -48,13 +49,6 @@ NOTE_N = (
     "fp32, cuDNN fused attention."
 )
 ASSUMED_N = ["machine", "layout.recompute", "layout.sequence_parallel", "tp_comm_overlap", "layout.sharding"]
-
-
-def _llama31(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
-    """Llama 3.1 as NeMo builds it: SwiGLU, RMSNorm, RoPE, 8 KV heads, untied, vocab 128256, seq 8192."""
-    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=8, ffn_hidden=ffn,
-                     vocab_size=128256, seq_len=8192, activation="swiglu", norm="rmsnorm", position="rope",
-                     tied_embeddings=False)
 
 
 # (GPUs, step time s) per series, as the BF16 tables print them.
@@ -81,11 +75,11 @@ def _series(model: ModelSpec, steps, *, tp: int, pp: int, cp: int, vpp: int, gbs
 
 def nemo_run_records() -> list[dict[str, Any]]:
     """Section N as the keyword arguments of PublishedRun, unvalidated."""
-    return (_series(_llama31("llama3.1-8b", 32, 4096, 32, 14336), STEPS_8B, tp=1, pp=1, cp=2, vpp=1,
+    return (_series(llama31_model("llama3.1-8b", 32, 4096, 32, 14336), STEPS_8B, tp=1, pp=1, cp=2, vpp=1,
                     gbs_per_gpu=128 / 8)
-            + _series(_llama31("llama3.1-70b", 80, 8192, 64, 28672), STEPS_70B, tp=4, pp=4, cp=2, vpp=5,
+            + _series(llama31_model("llama3.1-70b", 80, 8192, 64, 28672), STEPS_70B, tp=4, pp=4, cp=2, vpp=5,
                       gbs_per_gpu=128 / 64)
-            + _series(_llama31("llama3.1-405b", 126, 16384, 128, 53248), STEPS_405B, tp=8, pp=9, cp=2, vpp=7,
+            + _series(llama31_model("llama3.1-405b", 126, 16384, 128, 53248), STEPS_405B, tp=8, pp=9, cp=2, vpp=7,
                       gbs_per_gpu=252 / 576))
 
 
