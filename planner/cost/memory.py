@@ -5,7 +5,9 @@ Model states follow ZeRO (Rajbhandari et al. 2020) with this project's precision
 reduction in fp32, as in the seed runs) and AdamW's two fp32 moments. Activations follow
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
 written tensor by tensor for a Llama block (no dropout; SwiGLU keeps gate, up, activation
-and product), with sequence parallelism splitting the residual-stream tensors over tp.
+and product op by op, or gate and up and the product when fused: swiglu_kept_tensors), with
+sequence parallelism splitting the residual-stream tensors over tp. The reserve charges
+fragmentation on the memory each step allocates and frees, not on the model states.
 
 Checked against published figures (tests/planner/test_memory_published.py): for a GPT block
 the count is Korthikanti's Table 2 (no parallelism, tensor, sequence parallel, selective and
@@ -99,9 +101,16 @@ def layer_activation_bytes(model: ModelSpec, machine: MachineModel, job: Trainin
     kv = model.kv_heads * model.head_dim  # grouped-query attention: K and V have kv_heads heads
     stream = stream_bytes(model, job, lay)
     attention = 2 * stream + T * (h + 2 * kv) * B / t + T * h * B / t + T * (model.heads / t) * 4
-    mlp = 2 * stream + (4 if model.activation == "swiglu" else 2) * T * f * B / t
+    mlp = 2 * stream + (swiglu_kept_tensors(job) if model.activation == "swiglu" else 2) * T * f * B / t
     scores = scores_bytes(model, machine, job, lay)
     return attention + mlp + scores
+
+
+def swiglu_kept_tensors(job: TrainingJob) -> int:
+    """ffn-wide tensors a SwiGLU block keeps: the job's framework profile's `swiglu_kept_tensors`
+    (torch eager 4: gate, up, silu(gate) and their product; a fused kernel such as Megatron's
+    bias_swiglu 3: gate and up as one tensor and the product, silu recomputed in backward)."""
+    return int(getattr(getattr(job, "framework", None), "swiglu_kept_tensors", 4))
 
 
 def scores_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
@@ -202,6 +211,10 @@ def reference_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndar
     return np.where(sharded, P / np.maximum(lay.shard_group, 1), P) * working
 
 
-def reserve_bytes(machine: MachineModel, allocated) -> np.ndarray:
-    """Runtime context and workspace, plus fragmentation in proportion to what is allocated."""
-    return allocated * machine.fragmentation_fraction + machine.memory_reserve_gib * GIB
+def reserve_bytes(machine: MachineModel, churned) -> np.ndarray:
+    """Runtime context and workspace, plus fragmentation in proportion to the memory allocated
+    and freed every step (`churned`: activations and communication buffers). Model states
+    (weights, gradients, optimizer moments) are allocated once, in large blocks or contiguous
+    buffers (Megatron's and DeepSpeed's flat buffers, FSDP's flat shards), and never free a gap
+    for the caching allocator to split."""
+    return churned * machine.fragmentation_fraction + machine.memory_reserve_gib * GIB

@@ -313,7 +313,7 @@ def _row_memory(machine: MachineModel, space: Space, U: UnitCosts, M: MeshCosts,
     acts = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_fixed[u]
     states = (M.parameters + M.gradients + M.optimizer + M.buffers + M.reference)[R.mi]
     allocated = states + acts
-    reserve = reserve_bytes(machine, allocated)
+    reserve = reserve_bytes(machine, acts + M.buffers[R.mi])
     total = allocated + reserve
     fits = total <= machine.device_memory_gib * GIB
     return acts, reserve, total, fits

@@ -317,6 +317,9 @@ class FrameworkProfile(Spec):
     loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
         8.0, description="Memory the loss holds per logit (torch's eager cross-entropy 8; Megatron's vocab-parallel "
                          "or a fused kernel 4): planner/cost/memory.py.")
+    swiglu_kept_tensors: Literal[3, 4] = Field(
+        4, description="ffn-wide tensors a SwiGLU block keeps for backward: 4 op by op (gate, up, silu(gate), product; "
+                       "torch eager), 3 fused (gate and up, product: Megatron's bias_swiglu): planner/cost/memory.py.")
     attention_kernel_speed: Annotated[float, Field(gt=0, le=4)] = Field(
         1.0, description="Speed of the framework's fused attention kernel relative to FlashAttention-2, the kernel "
                          "the device kinds' attention_efficiency_factor describes (flash-attn 1.x: 0.5, Dao 2023).")
