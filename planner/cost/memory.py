@@ -103,7 +103,30 @@ def layer_activation_bytes(model: ModelSpec, machine: MachineModel, job: Trainin
     attention = 2 * stream + T * (h + 2 * kv) * B / t + T * h * B / t + T * (model.heads / t) * 4
     mlp = 2 * stream + (swiglu_kept_tensors(job) if model.activation == "swiglu" else 2) * T * f * B / t
     scores = scores_bytes(model, machine, job, lay)
-    return attention + mlp + scores
+    return attention + mlp + scores + eager_saved_bytes(machine, job, lay) * stream / B
+
+
+# Bytes per residual-stream element (token x hidden) that exaplan's eager block keeps for backward
+# beyond the fused count, in 16-bit training (runtime/model.py, counted with saved-tensor hooks by
+# tests/planner/test_memory.py): its RMSNorm keeps an fp32 copy of its input (x.float(): 4) and,
+# with fp32 weights under autocast, its fp32 output (4) and a 16-bit cast of it for each of the
+# Linear layers that read it (q, k, v: 3; gate, up: 2) where the count has one; with 16-bit
+# weights (FSDP's MixedPrecisionPolicy) the 16-bit output of x * rsqrt besides the weight's product.
+EAGER_SAVED_BYTES = {"autocast": 18.0, "bf16_weights": 8.0}
+
+
+def eager_saved_bytes(machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """EAGER_SAVED_BYTES per stream element for blocks run eager on a GPU in 16-bit training
+    (the framework profile's eager_bytes_per_element set, not compiled: compute.eager_gpu_figure):
+    the FSDP kinds hold 16-bit weights, the other shardings fp32 weights under autocast; 0
+    otherwise (fused or compiled blocks, fp32 training, CPUs, whose runs are fitted)."""
+    from planner.cost.compute import eager_gpu_figure
+
+    if job.precision == Precision.fp32 or eager_gpu_figure(machine, job, "eager_bytes_per_element") is None:
+        return np.zeros(len(lay))
+    s = lay.sharding
+    fsdp_like = (s == SH_FSDP) | (s == SH_HSDP) | (s == SH_GRAD_OP)
+    return np.where(fsdp_like, EAGER_SAVED_BYTES["bf16_weights"], EAGER_SAVED_BYTES["autocast"])
 
 
 def swiglu_kept_tensors(job: TrainingJob) -> int:

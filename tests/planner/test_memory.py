@@ -293,3 +293,45 @@ def test_fused_swiglu_keeps_one_ffn_wide_tensor_less_per_layer():
     assert memory.swiglu_kept_tensors(eager) == 4 and memory.swiglu_kept_tensors(fused) == 3
     saved = memory.layer_activation_bytes(m, mach, eager, L) - memory.layer_activation_bytes(m, mach, fused, L)
     assert float(saved[0]) == pytest.approx(1 * 1024 * m.ffn_hidden / 2 * 2, **TIGHT)
+
+
+@pytest.mark.parametrize("weights", ["autocast", "bf16_weights"])
+def test_eager_block_keeps_what_the_count_says(weights):
+    """exaplan's eager block (runtime/model.py), bf16, its saved tensors counted with
+    torch.autograd.graph.saved_tensors_hooks on a CPU (unique storages, two sequence lengths so the
+    weights' casts cancel): it keeps layer_activation_bytes' fused count plus EAGER_SAVED_BYTES per
+    residual-stream element, to within 0.6 byte (the rotary tables and the norms' fp32 rsqrt, per
+    token rather than per element, are not counted)."""
+    torch = pytest.importorskip("torch")
+    from runtime.model import Block, rope_tables
+    from planner.schema.specs import ModelSpec
+    from machine_models import load_framework
+
+    spec = ModelSpec(name="t", layers=1, hidden=256, heads=4, kv_heads=4, ffn_hidden=688, vocab_size=32,
+                     seq_len=512, activation="swiglu", norm="rmsnorm", position="rope")
+
+    def saved(seq: int) -> int:
+        torch.manual_seed(0)
+        block = Block(spec) if weights == "autocast" else Block(spec).to(torch.bfloat16)
+        x = torch.randn(2, seq, 256, dtype=torch.float32 if weights == "autocast" else torch.bfloat16, requires_grad=True)
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=weights == "autocast"):
+            block(x, rope_tables(spec.head_dim, seq))
+        return sum(storages.values())
+
+    per_token = (saved(512) - saved(256)) / (2 * 256)
+    gpu = load_machine("dgx-h100")
+    j = TrainingJob(global_batch=2, seq_len=512, precision=Precision.bf16, framework=load_framework("exaplan"))
+    L = lay(mbs=2, sharding=SH_NONE if weights == "autocast" else SH_FSDP, dp_shard=1 if weights == "autocast" else 2)
+    counted = float(memory.layer_activation_bytes(spec, gpu, j, L)[0]) / (2 * 512)
+    assert memory.eager_saved_bytes(gpu, j, L)[0] == memory.EAGER_SAVED_BYTES[weights]
+    assert abs(per_token - counted) / 256 <= 0.6, (per_token, counted)
+    # Compiled blocks and CPUs keep the fused count.
+    compiled = j.model_copy(update={"framework": load_framework("exaplan", compiled=True)})
+    assert memory.eager_saved_bytes(gpu, compiled, L)[0] == 0.0
+    assert memory.eager_saved_bytes(load_machine("local"), j, L)[0] == 0.0
