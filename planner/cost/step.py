@@ -28,7 +28,7 @@ import numpy as np
 
 from planner.cost import comm, compute, flops
 from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs
-from planner.cost.layout import RC_FULL, Layouts, Space
+from planner.cost.layout import RC_FULL, SH_ZERO1, SH_ZERO2, Layouts, Space
 from planner.cost.memory import MemoryParts, activation_bytes, microbatches_in_flight, reserve_bytes
 from planner.cost.pipeline import chunk_bottleneck
 from planner.cost.topology import LinkTiers, link_tiers
@@ -306,17 +306,23 @@ def _best_choices(R: _Rows, U: UnitCosts, M: MeshCosts, u_sp: np.ndarray, algos,
     return best
 
 
-def _row_memory(machine: MachineModel, space: Space, U: UnitCosts, M: MeshCosts, R: _Rows):
-    """(activations, reserve, total, fits) per row. Activations depend on the unit and,
-    through the micro-batches in flight, on the schedule."""
-    units, u = space.units, R.u
+def _row_memory(machine: MachineModel, job: TrainingJob, space: Space, U: UnitCosts, M: MeshCosts, R: _Rows):
+    """(gradients at the peak, activations, reserve, total, fits) per row. Activations depend on
+    the unit and, through the micro-batches in flight, on the schedule. A step of one micro-batch
+    whose framework frees the gradients between steps (grads_freed_between_steps: torch's
+    set_to_none; not ZeRO-1/2's flat buffers) peaks at the end of its forward without them, or at
+    the end of its backward with them and the activations freed: max(activations, gradients)."""
+    units, u, mi = space.units, R.u, R.mi
     acts = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_fixed[u]
-    states = (M.parameters + M.gradients + M.optimizer + M.buffers + M.reference)[R.mi]
-    allocated = states + acts
-    reserve = reserve_bytes(machine, acts + M.buffers[R.mi])
+    grads = M.gradients[mi]
+    flat = (space.meshes.sharding == SH_ZERO1) | (space.meshes.sharding == SH_ZERO2)
+    freed = bool(getattr(job.framework, "grads_freed_between_steps", False)) & (R.m == 1) & ~flat[mi]
+    grads = np.where(freed, np.maximum(grads - acts, 0.0), grads)
+    allocated = (M.parameters + M.optimizer + M.buffers + M.reference)[mi] + grads + acts
+    reserve = reserve_bytes(machine, acts + M.buffers[mi])
     total = allocated + reserve
     fits = total <= machine.device_memory_gib * GIB
-    return acts, reserve, total, fits
+    return grads, acts, reserve, total, fits
 
 
 def _evaluation(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, U: UnitCosts, M: MeshCosts,
@@ -366,12 +372,12 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
         U, M = _cast(U, np.float32), _cast(M, np.float32)
     R = _Rows.gather(space, U, M, machine.overlap.dp, np.float64 if detail else np.float32)
     best = _best_choices(R, U, M, space.units.sp, algos, fast, detail)
-    acts, reserve, total, fits = _row_memory(machine, space, U, M, R)
+    grads, acts, reserve, total, fits = _row_memory(machine, job, space, U, M, R)
     layouts_scored = len(space) * len(algos[0]) * len(algos[1])
     if not detail:
         return Scores(best["step"], total, fits, layouts_scored)
     mi = R.mi
-    mem = MemoryParts(M.parameters[mi], M.gradients[mi], M.optimizer[mi], acts, M.buffers[mi], reserve, total, fits,
+    mem = MemoryParts(M.parameters[mi], grads, M.optimizer[mi], acts, M.buffers[mi], reserve, total, fits,
                       reference=M.reference[mi])
     return _evaluation(model, machine, job, space, U, M, R, best, mem, ddp_buckets_mb, layouts_scored)
 

@@ -320,6 +320,8 @@ class FrameworkProfile(Spec):
     swiglu_kept_tensors: Literal[3, 4] = Field(
         4, description="ffn-wide tensors a SwiGLU block keeps for backward: 4 op by op (gate, up, silu(gate), product; "
                        "torch eager), 3 fused (gate and up, product: Megatron's bias_swiglu): planner/cost/memory.py.")
+    grads_freed_between_steps: bool = Field(True, description="Gradients are freed after each step (torch's zero_grad(set_to_none=True)), "
+                                            "so one micro-batch's forward peaks without them; False: flat gradient buffers (Megatron, DeepSpeed).")
     attention_kernel_speed: Annotated[float, Field(gt=0, le=4)] = Field(
         1.0, description="Speed of the framework's fused attention kernel relative to FlashAttention-2, the kernel "
                          "the device kinds' attention_efficiency_factor describes (flash-attn 1.x: 0.5, Dao 2023).")

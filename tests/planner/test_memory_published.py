@@ -242,7 +242,10 @@ def _row_total(model, machine, job, lay, per_logit=None) -> float:
     (one micro-batch in flight), with the loss at `per_logit` bytes a logit."""
     per_mb, fixed = memory.activation_bytes(model, machine, job, lay, per_logit=per_logit)
     buffers = memory.buffer_bytes(model, job, lay)
-    allocated = sum(memory.model_state_bytes(model, job, lay)) + buffers + per_mb + fixed
+    params, grads, opt = memory.model_state_bytes(model, job, lay)
+    if job.framework.grads_freed_between_steps and int(lay.gas[0]) == 1:  # FSDP: no flat gradient buffer
+        grads = np.maximum(grads - per_mb - fixed, 0.0)  # one micro-batch: the peak is max(activations, gradients)
+    allocated = params + grads + opt + buffers + per_mb + fixed
     return float((allocated + memory.reserve_bytes(machine, per_mb + fixed + buffers))[0])
 
 
