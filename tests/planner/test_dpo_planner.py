@@ -67,9 +67,13 @@ def test_reference_memory_is_parameters_only_and_sharded_like_the_policy():
     assert ref[0] == pytest.approx(P * 2)  # bf16 working weights, whole on every rank
     assert ref[1] == pytest.approx(P * 2)  # ZeRO-1 shards the optimizer, not the weights
     assert ref[2] == pytest.approx(P * 2 / 8)  # FSDP shards it over the 8 ranks
-    # No gradients or optimizer state for it: those match pretraining's.
-    np.testing.assert_allclose(dpo.memory.gradients, pre.memory.gradients)
+    # No gradients or optimizer state for it: those match pretraining's (the model states; the
+    # gradients reported at the peak are fewer the more activations a one-micro-batch step holds).
+    from planner.cost.memory import model_state_bytes
+    for part in (1, 2):
+        np.testing.assert_allclose(model_state_bytes(MODEL, job(16, Workload.dpo), L)[part], model_state_bytes(MODEL, job(16), L)[part])
     np.testing.assert_allclose(dpo.memory.optimizer, pre.memory.optimizer)
+    assert np.all(dpo.memory.gradients <= pre.memory.gradients)
     pc = evaluate(MODEL, MACHINE, job(16, Workload.dpo, Reference.precomputed), L)
     assert np.all(np.asarray(pc.memory.reference) == 0)
     assert np.all(dpo.memory.total > pc.memory.total)
