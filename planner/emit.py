@@ -80,10 +80,11 @@ def stage_assignment(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     inflight = microbatches_in_flight(lay.pp, lay.gas, lay.vpp, lay.schedule)
     blocks_per_rank = np.ceil(model.layers / pp)
     state_bytes = 18.0 / (lay.dp_shard[0] * lay.cp[0] if lay.sharding[0] != SH_NONE else 1)
-    layer_mem = flops.layer_params(model) / lay.tp[0] * state_bytes + float(per_mb[0] / blocks_per_rank * inflight[0])
-    head_mem = (flops.head_params(model) / lay.tp[0]) * state_bytes + float(fixed[0])
+    churn = 1 + machine.fragmentation_fraction  # fragmentation on activations, not on model states (memory.reserve_bytes)
+    layer_mem = flops.layer_params(model) / lay.tp[0] * state_bytes + churn * float(per_mb[0] / blocks_per_rank * inflight[0])
+    head_mem = (flops.head_params(model) / lay.tp[0]) * state_bytes + churn * float(fixed[0])
     emb_mem = (flops.embedding_params(model) / lay.tp[0]) * state_bytes
-    cap = machine.device_memory_gib * GIB * (1 - machine.fragmentation_fraction) - machine.memory_reserve_gib * GIB
+    cap = machine.device_memory_gib * GIB - machine.memory_reserve_gib * GIB
     sol = assign_stages([1.0] * model.layers, [layer_mem] * model.layers, S, cap, ranks=pp,
                         last_extra_cost=float(head[0] / fb[0]), first_extra_memory=emb_mem, last_extra_memory=head_mem)
     return [

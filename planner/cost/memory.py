@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import flops
+from planner.cost.compute import eager_gpu_figure
 from planner.cost.layout import (
     RC_FULL,
     RC_SELECTIVE,
@@ -120,8 +121,6 @@ def eager_saved_bytes(machine: MachineModel, job: TrainingJob, lay: Layouts) -> 
     (the framework profile's eager_bytes_per_element set, not compiled: compute.eager_gpu_figure):
     the FSDP kinds hold 16-bit weights, the other shardings fp32 weights under autocast; 0
     otherwise (fused or compiled blocks, fp32 training, CPUs, whose runs are fitted)."""
-    from planner.cost.compute import eager_gpu_figure
-
     if job.precision == Precision.fp32 or eager_gpu_figure(machine, job, "eager_bytes_per_element") is None:
         return np.zeros(len(lay))
     s = lay.sharding
