@@ -176,7 +176,7 @@ def explain_plan(plan: Plan, console: Console) -> None:
     tt.add_row("time to train", _fmt_time(pr.time_to_train_days * 86400))
     mem = pr.memory
     tt.add_row("memory per device", f"{pr.memory_gib_per_device:.2f} GiB of {p.machine.device_memory_gib:g} ({'fits' if pr.fits else 'DOES NOT FIT'})")
-    tt.add_row("  params / grads / optimizer", f"{mem.parameters_gib:.2f} / {mem.gradients_gib:.2f} / {mem.optimizer_gib:.2f}")
+    tt.add_row("  params / grads at peak / optimizer", f"{mem.parameters_gib:.2f} / {mem.gradients_gib:.2f} / {mem.optimizer_gib:.2f}")
     tt.add_row("  activations / buffers / reserve", f"{mem.activations_gib:.2f} / {mem.buffers_gib:.2f} / {mem.reserve_gib:.2f}")
     console.print(tt)
     if pr.uncertainty is not None:

@@ -140,7 +140,8 @@ class StepTimeBreakdown(Spec):
 
 class MemoryBreakdown(Spec):
     parameters_gib: float
-    gradients_gib: float
+    gradients_gib: float = Field(description="Gradients held at the peak: all of them, or, in a step of one micro-batch "
+                                             "whose framework frees them between steps, those beyond the activations.")
     optimizer_gib: float
     activations_gib: float
     buffers_gib: float
