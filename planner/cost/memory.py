@@ -59,6 +59,12 @@ class MemoryParts:
     reference: np.ndarray | float = 0.0  # dpo: the frozen reference model's parameters
 
 
+def fully_sharded(sharding: np.ndarray) -> np.ndarray:
+    """The FSDP kinds (fsdp, hsdp, fsdp-grad-op): parameters sharded and gathered per block,
+    held in 16-bit by the runtime's MixedPrecisionPolicy."""
+    return (sharding == SH_FSDP) | (sharding == SH_HSDP) | (sharding == SH_GRAD_OP)
+
+
 def stage_params(model: ModelSpec, lay: Layouts) -> np.ndarray:
     """Parameters held by one pipeline rank before tensor parallelism: its share of the
     blocks, plus the embedding and the head (both on the only stage when pp = 1; the larger
@@ -78,7 +84,7 @@ def model_state_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> tuple
     grad, moments = 4.0, 8.0
     G = lay.shard_group.astype(np.float64)
     s = lay.sharding
-    fully = (s == SH_FSDP) | (s == SH_GRAD_OP) | (s == SH_HSDP)
+    fully = fully_sharded(s)
     # FSDP keeps one sharded fp32 parameter (the master when mixed); 16-bit copies are
     # gathered per block and counted as buffers.
     params = np.where(fully, P * (master if mixed else working) / G, np.where(s == SH_NONE, P * (working + master), P * working + P * master / G))
@@ -123,9 +129,7 @@ def eager_saved_bytes(machine: MachineModel, job: TrainingJob, lay: Layouts) -> 
     otherwise (fused or compiled blocks, fp32 training, CPUs, whose runs are fitted)."""
     if job.precision == Precision.fp32 or eager_gpu_figure(machine, job, "eager_bytes_per_element") is None:
         return np.zeros(len(lay))
-    s = lay.sharding
-    fsdp_like = (s == SH_FSDP) | (s == SH_HSDP) | (s == SH_GRAD_OP)
-    return np.where(fsdp_like, EAGER_SAVED_BYTES["bf16_weights"], EAGER_SAVED_BYTES["autocast"])
+    return np.where(fully_sharded(lay.sharding), EAGER_SAVED_BYTES["bf16_weights"], EAGER_SAVED_BYTES["autocast"])
 
 
 def swiglu_kept_tensors(job: TrainingJob) -> int:
@@ -229,7 +233,7 @@ def reference_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndar
     working = 4.0 if job.precision == Precision.fp32 else 2.0
     P = stage_params(model, lay) / lay.tp
     s = lay.sharding
-    sharded = (s == SH_FSDP) | (s == SH_HSDP) | (s == SH_GRAD_OP)
+    sharded = fully_sharded(s)
     return np.where(sharded, P / np.maximum(lay.shard_group, 1), P) * working
 
 
