@@ -79,6 +79,25 @@ EXAMPLES = {
                                                 "--set model.heads=12 --set model.kv_heads=12 --set model.ffn_hidden=4096 "
                                                 "--set model.layers=24 --set model.seq_len=1024 "
                                                 "--global-batch 64 --seq-len 1024 --mbs 8 --draws 0",
+    # Held out from the memory model's counts (set against the runs above, all without
+    # recompute), predicted before they ran: recompute full and selective, the micro-batch the
+    # planner picks under each.
+    "gpu/protein-3.5b_1xh100_full.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
+                                         "--global-batch 32 --recompute full --draws 0",
+    "gpu/protein-1.2b-h2048_1xh100_s4096_full.yaml": "--model protein-3.5b --machine dgx-h100 "
+                                                     "--set machine.devices_per_node=1 "
+                                                     "--set model.name=protein-1.2b-h2048 --set model.hidden=2048 "
+                                                     "--set model.heads=16 --set model.kv_heads=16 "
+                                                     "--set model.ffn_hidden=5504 --set model.layers=24 "
+                                                     "--set model.seq_len=4096 "
+                                                     "--global-batch 16 --seq-len 4096 --recompute full --draws 0",
+    "gpu/protein-1.2b-h2048_1xh100_s8192_sel.yaml": "--model protein-3.5b --machine dgx-h100 "
+                                                    "--set machine.devices_per_node=1 "
+                                                    "--set model.name=protein-1.2b-h2048 --set model.hidden=2048 "
+                                                    "--set model.heads=16 --set model.kv_heads=16 "
+                                                    "--set model.ffn_hidden=5504 --set model.layers=24 "
+                                                    "--set model.seq_len=8192 "
+                                                    "--global-batch 8 --seq-len 8192 --recompute selective --draws 0",
 }
 
 
