@@ -98,6 +98,17 @@ EXAMPLES = {
                                                     "--set model.ffn_hidden=5504 --set model.layers=24 "
                                                     "--set model.seq_len=8192 "
                                                     "--global-batch 8 --seq-len 8192 --recompute selective --draws 0",
+    # Held out from the fp32 kept inputs and the backward's end (set after the three above),
+    # predicted before they ran: full recompute with accumulation (gradients held at the peak).
+    "gpu/protein-3.5b_1xh100_s2048_full.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
+                                               "--global-batch 16 --seq-len 2048 --recompute full --mbs 8 --draws 0",
+    "gpu/protein-1.2b-h2048_1xh100_s4096_full4.yaml": "--model protein-3.5b --machine dgx-h100 "
+                                                      "--set machine.devices_per_node=1 "
+                                                      "--set model.name=protein-1.2b-h2048 --set model.hidden=2048 "
+                                                      "--set model.heads=16 --set model.kv_heads=16 "
+                                                      "--set model.ffn_hidden=5504 --set model.layers=24 "
+                                                      "--set model.seq_len=4096 "
+                                                      "--global-batch 16 --seq-len 4096 --recompute full --mbs 4 --draws 0",
 }
 
 
