@@ -29,7 +29,18 @@ calibration/published_schema.py). Held out: predicted as a check, never fitted.
          in the same call: docs/gpu/2026-11-26-h200-heldout-*.json, 2026-11-26-h200-kernels.json;
        - a mid-sized block (hidden 1,536, 12 heads of 128; plans/gpu/protein-0.7b-h1536_1xh100_
          s1024.yaml, 64 x 1,024 tokens at micro-batch 8), predicted before it ran with the eager
-         surplus's measured rate, its check (docs/gpu/2026-11-26-h100-heldout2-*.json).
+         surplus's measured rate, its check (docs/gpu/2026-11-26-h100-heldout2-*.json);
+       - the first runs with activation recompute, predicted before they ran (docs/gpu/
+         2026-11-26-h100-recompute-predictions.json): full recompute on protein-3.5b at 32 x 512
+         tokens in one micro-batch (plans/gpu/protein-3.5b_1xh100_full.yaml) and on the 1.2B
+         block at 16 x 4,096 in one (..._s4096_full.yaml), selective on the 1.2B block at
+         8 x 8,192, micro-batch 2 (..._s8192_sel.yaml): docs/gpu/2026-11-26-h100-recompute-*.json;
+       - full recompute with accumulation, predicted before they ran under the memory model the
+         three above led to (docs/gpu/2026-11-26-h100-recompute2-predictions.json): protein-3.5b
+         at 16 x 2,048 tokens, micro-batch 8 (..._s2048_full.yaml), and the 1.2B block at
+         16 x 4,096, micro-batch 4 (..._s4096_full4.yaml; eager only: its compiled run finished,
+         1,383.5 ms a step in the log, but the call's time ran out before its file was written):
+         docs/gpu/2026-11-26-h100-recompute2-*.json.
 
 The H200's device kind copies the H100 fit (no published H200 rows); the H100's is fitted, but
 to other frameworks' runs (Megatron-LM, llm-foundry, fms-fsdp), never to this runtime on a GPU.
@@ -53,7 +64,7 @@ SOURCE_M = ("exaplan's own measurement on a lent GPU (torch 2.11.0+cu130, cuDNN 
             "docs/gpu/2026-11-26-{card}-{{compile,eager}}.json (benchmarks/gpu_check.py)")
 NOTE_M = (
     "Tokens/s on one GPU: the tokens of a step (16,384; the s2048 case 32,768, the s4096 case 65,536) over the "
-    "best run's median step (12 steps, the first 4 dropped; the s2048 and s4096 cases 10 and 3). exaplan's runtime with its exaplan profile (recorded under framework fsdp, whose profile "
+    "best run's median step (12 steps, the first 4 dropped; the s2048 and s4096 cases 10 and 3; the recompute cases 9 and 3). exaplan's runtime with its exaplan profile (recorded under framework fsdp, whose profile "
     "it is): one rank, no data parallelism, bf16 autocast on fp32 weights, fused AdamW."
 )
 CARDS = {
@@ -67,7 +78,15 @@ CASES = {"h200": ("h200", "h200", 512, 32, 32, "protein-3.5b"), "h100": ("h100",
          "h100-s8192": ("h100", "h100_s8192", 8192, 8, 2, "protein-1.2b-h2048"),
          "h100-h1024": ("h100", "h100_s2048", 2048, 64, 8, "protein-0.3b-h1024"),
          "h200-s8192": ("h200", "h200_s8192", 8192, 8, 4, "protein-1.2b-h2048"),
-         "h100-h1536": ("h100", "h100_s1024", 1024, 64, 8, "protein-0.7b-h1536")}
+         "h100-h1536": ("h100", "h100_s1024", 1024, 64, 8, "protein-0.7b-h1536"),
+         "h100-full": ("h100", "h100_full", 512, 32, 32, "protein-3.5b"),
+         "h100-s4096-full": ("h100", "h100_s4096_full", 4096, 16, 16, "protein-1.2b-h2048"),
+         "h100-s8192-sel": ("h100", "h100_s8192_sel", 8192, 8, 2, "protein-1.2b-h2048"),
+         "h100-s2048-full": ("h100", "h100_s2048_full", 2048, 16, 8, "protein-3.5b"),
+         "h100-s4096-full4": ("h100", "h100_s4096_full4", 4096, 16, 4, "protein-1.2b-h2048")}
+# The recompute level of a case (none unless given).
+RECOMPUTE = {"h100-full": Recompute.full, "h100-s4096-full": Recompute.full, "h100-s8192-sel": Recompute.selective,
+             "h100-s2048-full": Recompute.full, "h100-s4096-full4": Recompute.full}
 # Models other than the presets: protein-3.5b's block at section A's 1.7B shape.
 MODELS = {"protein-1.2b-h2048": dict(name="protein-1.2b-h2048", layers=24, hidden=2048, heads=16, kv_heads=16,
                                      ffn_hidden=5504),
@@ -86,11 +105,18 @@ MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
                  ("h100-s8192", "compile"): 1.2754, ("h100-s8192", "eager"): 1.9797,
                  ("h100-h1024", "compile"): 0.7059, ("h100-h1024", "eager"): 1.5227,
                  ("h200-s8192", "compile"): 1.2156, ("h200-s8192", "eager"): 1.7498,
-                 ("h100-h1536", "compile"): 0.6367, ("h100-h1536", "eager"): 1.2442}
+                 ("h100-h1536", "compile"): 0.6367, ("h100-h1536", "eager"): 1.2442,
+                 ("h100-full", "compile"): 0.7253, ("h100-full", "eager"): 1.0285,
+                 ("h100-s4096-full", "compile"): 1.3436, ("h100-s4096-full", "eager"): 2.2692,
+                 ("h100-s8192-sel", "compile"): 1.4071, ("h100-s8192-sel", "eager"): 2.0671,
+                 ("h100-s2048-full", "compile"): 1.4697, ("h100-s2048-full", "eager"): 2.0974,
+                 ("h100-s4096-full4", "eager"): 2.3448}
 # The evidence file of a case: docs/gpu/2026-11-26-<EVIDENCE[case]>-<mode>.json.
 EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096",
             "h100-s8192": "h100-heldout", "h100-h1024": "h100-heldout", "h200-s8192": "h200-heldout",
-            "h100-h1536": "h100-heldout2"}
+            "h100-h1536": "h100-heldout2", "h100-full": "h100-recompute", "h100-s4096-full": "h100-recompute",
+            "h100-s8192-sel": "h100-recompute", "h100-s2048-full": "h100-recompute2",
+            "h100-s4096-full4": "h100-recompute2"}
 
 
 def case_model(case: str):
@@ -109,7 +135,7 @@ def own_gpu_runs() -> list[PublishedRun]:
             id=f"M-{name}-{case}-{mode}", section="M", source=SOURCE_M.format(card=EVIDENCE[case]),
             model=case_model(case), machine=machine, framework="fsdp",
             gpus=1, layout=PublishedLayout(dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs,
-                                           recompute=Recompute.none),
+                                           recompute=RECOMPUTE.get(case, Recompute.none)),
             precision=Precision.bf16, torch_blocks="compiled" if mode == "compile" else "eager", exaplan_runtime=True,
             figure=round(gbs * seq / step, 1), kind="tokens_per_s_per_gpu", flop_convention="none", assumed=[],
             note=f"{NOTE_M} Machine {machine} ({part}). "

@@ -191,16 +191,40 @@ def loss_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts, per_logit: floa
     return per_logit * T * model.vocab_size / lay.tp
 
 
+def autocast_on_fp32_weights(job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Where a 16-bit job computes under autocast on fp32 weights: a framework whose weights
+    are cast per micro-batch (its profile's weight_bytes_per_param, exaplan's runtime: DDP, ZeRO
+    and one rank), not under the FSDP kinds' 16-bit MixedPrecisionPolicy. There the residual
+    stream is fp32 (the residual adds promote the 16-bit block outputs), and autocast's 16-bit
+    weight copies live from the forward pass until each block's backward."""
+    on = job.precision != Precision.fp32 and float(getattr(getattr(job, "framework", None), "weight_bytes_per_param", 0.0)) > 0
+    return np.asarray(on & ~fully_sharded(lay.sharding), dtype=bool)
+
+
+def autocast_copy_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """The 16-bit weight copies of autocast_on_fp32_weights (model_state_bytes counts them as
+    the working copy): gone by the end of a backward pass, whose blocks free them as they finish
+    (and which full recompute never saved)."""
+    return np.where(autocast_on_fp32_weights(job, lay), stage_params(model, lay) / lay.tp * 2.0, 0.0)
+
+
+def backward_tail_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Activations alive as a backward pass ends: the first block's kept tensors (under full
+    recompute, its recomputed working set; selective recompute drops the scores)."""
+    per_layer = layer_activation_bytes(model, machine, job, lay)
+    return per_layer - np.where(lay.recompute == RC_SELECTIVE, scores_bytes(model, machine, job, lay), 0.0)
+
+
 def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts,
                      per_logit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(bytes per in-flight micro-batch, fixed bytes) of activations on the busiest rank.
-    Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only;
-    selective drops the attention scores). Fixed: the larger of what the loss holds
-    (loss_bytes, `per_logit` bytes a logit) and, under full recompute, one block's
-    working set while it is recomputed. The two never coexist: the loss's backward frees the
-    logits and their gradient before the last block is recomputed."""
+    Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only,
+    fp32 under autocast_on_fp32_weights; selective drops the attention scores). Fixed: the
+    larger of what the loss holds (loss_bytes, `per_logit` bytes a logit) and, under full
+    recompute, one block's working set while it is recomputed. The two never coexist: the
+    loss's backward frees the logits and their gradient before the last block is recomputed."""
     per_layer = layer_activation_bytes(model, machine, job, lay)
-    stream_in = stream_bytes(model, job, lay)
+    stream_in = stream_bytes(model, job, lay) * np.where(autocast_on_fp32_weights(job, lay), 4.0 / bytes_per_element(job.precision), 1.0)
     scores = scores_bytes(model, machine, job, lay)
     kept = np.where(lay.recompute == RC_FULL, stream_in, np.where(lay.recompute == RC_SELECTIVE, per_layer - scores, per_layer))
     per_microbatch = np.ceil(model.layers / lay.pp) * kept

@@ -29,7 +29,7 @@ import numpy as np
 from planner.cost import comm, compute, flops
 from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs
 from planner.cost.layout import RC_FULL, SH_ZERO1, SH_ZERO2, Layouts, Space
-from planner.cost.memory import MemoryParts, activation_bytes, microbatches_in_flight, reserve_bytes
+from planner.cost.memory import MemoryParts, activation_bytes, backward_tail_bytes, microbatches_in_flight, reserve_bytes
 from planner.cost.pipeline import chunk_bottleneck
 from planner.cost.topology import LinkTiers, link_tiers
 from planner.schema.figures import framework_machine
@@ -112,6 +112,7 @@ class UnitCosts:
     pp_mb: np.ndarray
     act_per_mb: np.ndarray  # activation bytes per in-flight micro-batch
     act_fixed: np.ndarray
+    act_tail: np.ndarray  # activation bytes alive as a backward pass ends (memory.backward_tail_bytes)
 
 
 def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Layouts, tiers: LinkTiers, algos) -> UnitCosts:
@@ -161,7 +162,8 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     # On a GPU a micro-batch takes at least the host's time to launch its operators.
     compute_mb = np.maximum(compute_mb, compute.launch_floor_s(machine, job, blocks_on_rank, u.recompute,
                                                                job.reference_in_step))
-    return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed)
+    return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed,
+                     backward_tail_bytes(model, machine, job, u))
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,13 +313,15 @@ def _row_memory(machine: MachineModel, job: TrainingJob, space: Space, U: UnitCo
     the unit and, through the micro-batches in flight, on the schedule. A step of one micro-batch
     whose framework frees the gradients between steps (grads_freed_between_steps: torch's
     set_to_none; not ZeRO-1/2's flat buffers) peaks at the end of its forward without them, or at
-    the end of its backward with them and the activations freed: max(activations, gradients)."""
+    the end of its backward with them, the first block's activations (act_tail) and none of
+    autocast's weight copies: gradients are shown as what that peak holds beyond the forward's."""
     units, u, mi = space.units, R.u, R.mi
     acts = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_fixed[u]
     grads = M.gradients[mi]
     flat = (space.meshes.sharding == SH_ZERO1) | (space.meshes.sharding == SH_ZERO2)
     freed = bool(getattr(job.framework, "grads_freed_between_steps", False)) & (R.m == 1) & ~flat[mi]
-    grads = np.where(freed, np.maximum(grads - acts, 0.0), grads)
+    backward_end = grads + U.act_tail[u] - M.autocast_copies[mi]
+    grads = np.where(freed, np.maximum(backward_end - acts, 0.0), grads)
     allocated = (M.parameters + M.optimizer + M.buffers + M.reference)[mi] + grads + acts
     reserve = reserve_bytes(machine, acts + M.buffers[mi])
     total = allocated + reserve

@@ -141,7 +141,9 @@ class StepTimeBreakdown(Spec):
 class MemoryBreakdown(Spec):
     parameters_gib: float
     gradients_gib: float = Field(description="Gradients held at the peak: all of them, or, in a step of one micro-batch "
-                                             "whose framework frees them between steps, those beyond the activations.")
+                                             "whose framework frees them between steps, what the backward's end holds "
+                                             "(the gradients, the first block's activations, less autocast's weight "
+                                             "copies) beyond the forward's peak.")
     optimizer_gib: float
     activations_gib: float
     buffers_gib: float
