@@ -184,6 +184,36 @@ def test_full_recompute_keeps_only_block_inputs():
     assert per_mb[1] == per_mb[0]
 
 
+def test_autocast_copies_and_the_backward_tail():
+    """autocast's 16-bit weight copies: 2 bytes a parameter where exaplan's runtime computes
+    under autocast on fp32 weights (no FSDP, 16-bit); none under FSDP's bf16 weights, in fp32
+    training, or under Megatron's profile (bf16 weights, no per-micro-batch casts). A one-micro-
+    batch step with full recompute peaks as its backward ends: every gradient, the first block's
+    recomputed working set, no copies (protein-3.5b, 32 x 512 tokens, one H100: measured 52.4
+    GiB allocated, docs/gpu/2026-11-26-h100-recompute-eager.json)."""
+    from machine_models import load_framework
+
+    m, mach = get_model("protein-3.5b"), load_machine("dgx-h100")
+    P = flops.total_params(m)
+    L = Layouts.concat([lay(mbs=32, gas=1, recompute=RC_FULL), lay(mbs=4, dp_shard=8, sharding=SH_FSDP, recompute=RC_FULL)])
+    copies = memory.autocast_copy_bytes(m, job(gb=32), L)
+    assert copies[0] == pytest.approx(2 * P, **TIGHT) and copies[1] == 0.0
+    assert memory.autocast_copy_bytes(m, job(gb=32, precision=Precision.fp32), L).tolist() == [0.0, 0.0]
+    megatron = job(gb=32).model_copy(update={"framework": load_framework("megatron")})
+    assert memory.autocast_copy_bytes(m, megatron, L).tolist() == [0.0, 0.0]
+    one = lay(mbs=32, gas=1, recompute=RC_FULL)
+    j = job(gb=32)
+    mem = evaluate(m, mach, j, one).memory
+    per_mb, fixed = memory.activation_bytes(m, mach, j, one)
+    tail = memory.backward_tail_bytes(m, mach, j, one)
+    assert tail[0] == pytest.approx(memory.layer_activation_bytes(m, mach, j, one)[0], **TIGHT)
+    grads = 4.0 * P
+    states = float(mem.parameters[0] + mem.optimizer[0] + mem.buffers[0])
+    peak = max(float(per_mb[0] + fixed[0]), grads + float(tail[0]) - 2 * P)
+    assert float(mem.total[0] - mem.reserve[0]) == pytest.approx(states + peak, **TIGHT)
+    assert grads + float(tail[0]) - 2 * P > float(per_mb[0] + fixed[0])  # here the backward's end is the peak
+
+
 def test_selective_recompute_drops_the_scores_without_flash():
     m = get_model("protein-small")
     mach = load_machine("dgx-h100").model_copy(update={"flash_attention": False})
