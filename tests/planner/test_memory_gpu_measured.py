@@ -46,9 +46,9 @@ def test_the_evidence_is_there():
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[f"{r[0]}:{r[1]}" for r in RUNS])
-def test_measured_peak_memory_is_predicted_within_5_percent(run):
-    """Measured 2026-11-26: eager within 3.6% of every run, compiled within 5% under and 8.6%
-    over. The bound for compiled blocks is one-sided wider (+9%, not +5%) because the count is
+def test_measured_peak_memory_is_predicted(run):
+    """Measured 2026-11-26: eager -1.9% to +3.5% of every run, compiled -1.4% to +8.6%.
+    The bound for compiled blocks is one-sided wider (+9%, not +5%) because the count is
     an upper bound there: compiled blocks cast the weights inside their graphs, never into
     autocast's cache, and the graph's partitioner recomputes cheap tensors the count keeps:
     +8.6% for protein-3.5b at 2,048 tokens with full recompute and accumulation (its peak holds
