@@ -223,12 +223,11 @@ def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     larger of what the loss holds (loss_bytes, `per_logit` bytes a logit) and, under full
     recompute, one block's working set while it is recomputed. The two never coexist: the
     loss's backward frees the logits and their gradient before the last block is recomputed."""
-    per_layer = layer_activation_bytes(model, machine, job, lay)
+    block = backward_tail_bytes(model, machine, job, lay)  # what a block keeps without full recompute, its working set with it
     stream_in = stream_bytes(model, job, lay) * np.where(autocast_on_fp32_weights(job, lay), 4.0 / bytes_per_element(job.precision), 1.0)
-    scores = scores_bytes(model, machine, job, lay)
-    kept = np.where(lay.recompute == RC_FULL, stream_in, np.where(lay.recompute == RC_SELECTIVE, per_layer - scores, per_layer))
-    per_microbatch = np.ceil(model.layers / lay.pp) * kept
-    working = np.where(lay.recompute == RC_FULL, per_layer, 0.0)
+    full = lay.recompute == RC_FULL
+    per_microbatch = np.ceil(model.layers / lay.pp) * np.where(full, stream_in, block)
+    working = np.where(full, block, 0.0)
     return per_microbatch, np.maximum(working, loss_bytes(model, job, lay, per_logit))
 
 
