@@ -37,8 +37,8 @@ NOTE_F = (
     "SXM5 80 GB, 3.35 TB/s, 700 W) stands in, so `machine` is listed as assumed. bf16 (mixed precision "
     "through FSDP2, fp32 reduction), SDPA flash attention, Llama 3 tokenizer (vocab 128256). Sequence length "
     "8192: the llama3 train_configs at the benchmark's torchtitan commits (not printed in the tables). "
-    "torchtitan's selective activation checkpointing ('op' policy: saves matmul outputs, recomputes the "
-    "rest) is recorded as selective recompute, the nearest level exaplan models."
+    "torchtitan's selective activation checkpointing ('op' policy, activation_checkpoint.py: keeps the SDPA "
+    "output and every other matmul's, recomputes the rest) is exaplan's selective-op level."
 )
 
 
@@ -66,14 +66,14 @@ def _section_f() -> list[dict[str, Any]]:
     return [
         dict(id="F-llama3.1-8b-fsdp128", model=llama8b, gpus=128,
              layout=PublishedLayout(dp=128, sharding=Sharding.fsdp, micro_batch=2, global_batch=256,
-                                    recompute=Recompute.selective),
+                                    recompute=Recompute.selective_op),
              figure=5605.0, assumed=["machine", "model.seq_len", "layout.recompute", "torch_blocks"],
              torch_blocks="eager",
              note=NOTE_F + " Table 3: 1D FSDP over 128 GPUs, local batch 2, global 256, eager (no torch.compile); "
                            "67.0 GiB peak memory. " + NOTE_F_EAGER, **common),
         dict(id="F-llama3.1-8b-fsdp8-tp8", model=llama8b, gpus=64,
              layout=PublishedLayout(tp=8, dp=8, sharding=Sharding.fsdp, micro_batch=12, global_batch=96,
-                                    recompute=Recompute.selective, sequence_parallel=True),
+                                    recompute=Recompute.selective_op, sequence_parallel=True),
              figure=4378.0, assumed=["machine", "model.seq_len", "layout.global_batch", "layout.recompute"],
              torch_blocks="compiled",
              note=NOTE_F + " FSDP 8 x TP 8 (torchtitan's TP plan shards norms and dropout over the sequence: "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli.common import add_job_options, command_line, console, evaluation_json, load_inputs, print_json
+from cli.common import RECOMPUTE_HELP, RECOMPUTES, add_job_options, command_line, console, evaluation_json, load_inputs, print_json
 from planner.schema.errors import PlanError
 
 
@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     e.add_argument("--shard", choices=["none", "zero1", "zero2", "fsdp", "fsdp-grad-op", "hsdp"], default="none",
                    help="sharding of model states over dp")
     e.add_argument("--shard-group", type=int, help="hsdp shard-group size (default: the data-parallel ranks of one node)")
-    e.add_argument("--recompute", choices=["none", "selective", "full"], default="none", help="activation recompute")
+    e.add_argument("--recompute", choices=RECOMPUTES, default="none", help=RECOMPUTE_HELP)
     e.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B when > 1)")
     e.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b"],
                    help="pipeline schedule (default 1f1b, or interleaved with --vpp > 1)")

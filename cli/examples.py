@@ -109,6 +109,24 @@ EXAMPLES = {
                                                       "--set model.ffn_hidden=5504 --set model.layers=24 "
                                                       "--set model.seq_len=4096 "
                                                       "--global-batch 16 --seq-len 4096 --recompute full --mbs 4 --draws 0",
+    # Held out from selective-op recompute's counts (written from torchtitan's policy and the
+    # CPU runtime's MemTracker), predicted before they ran: the micro-batch the planner picks.
+    "gpu/protein-3.5b_1xh100_op.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
+                                       "--global-batch 32 --recompute selective-op --draws 0",
+    "gpu/protein-1.2b-h2048_1xh100_s4096_op.yaml": "--model protein-3.5b --machine dgx-h100 "
+                                                   "--set machine.devices_per_node=1 "
+                                                   "--set model.name=protein-1.2b-h2048 --set model.hidden=2048 "
+                                                   "--set model.heads=16 --set model.kv_heads=16 "
+                                                   "--set model.ffn_hidden=5504 --set model.layers=24 "
+                                                   "--set model.seq_len=4096 "
+                                                   "--global-batch 16 --seq-len 4096 --recompute selective-op --draws 0",
+    "gpu/protein-1.2b-h2048_1xh100_s8192_op.yaml": "--model protein-3.5b --machine dgx-h100 "
+                                                   "--set machine.devices_per_node=1 "
+                                                   "--set model.name=protein-1.2b-h2048 --set model.hidden=2048 "
+                                                   "--set model.heads=16 --set model.kv_heads=16 "
+                                                   "--set model.ffn_hidden=5504 --set model.layers=24 "
+                                                   "--set model.seq_len=8192 "
+                                                   "--global-batch 8 --seq-len 8192 --recompute selective-op --draws 0",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli.common import add_job_options, command_line, console, evaluation_json, load_inputs, print_json
+from cli.common import RECOMPUTE_HELP, RECOMPUTES, add_job_options, command_line, console, evaluation_json, load_inputs, print_json
 from planner.schema.errors import PlanError
 
 
@@ -57,7 +57,7 @@ def add_pin_options(p) -> None:
     g.add_argument("--shard", choices=["none", "zero1", "zero2", "fsdp", "fsdp-grad-op", "hsdp"],
                    help="sharding of model states over dp")
     g.add_argument("--shard-group", type=int, help="hsdp shard-group size (with --shard hsdp)")
-    g.add_argument("--recompute", choices=["none", "selective", "full"], help="activation recompute")
+    g.add_argument("--recompute", choices=RECOMPUTES, help=RECOMPUTE_HELP)
     g.add_argument("--vpp", type=int, help="virtual pipeline stages per rank (interleaved 1F1B when > 1)")
     g.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved-1f1b"], help="pipeline schedule")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallelism")

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.cost import flops as _flops
-from planner.cost.layout import RC_FULL, RC_SELECTIVE, SH_NONE, SH_ZERO1, SH_ZERO2, Layouts
+from planner.cost.layout import RC_FULL, RC_OP, RC_SELECTIVE, SH_NONE, SH_ZERO1, SH_ZERO2, Layouts
 from planner.schema.specs import MachineModel, ModelSpec, TrainingJob, bytes_per_element
 
 
@@ -247,6 +247,17 @@ def last_gemm_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, la
     return gemm_time(machine, job, tokens_per_microbatch(job, lay), model.hidden, model.ffn_hidden / lay.tp)
 
 
+def op_recompute_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts, attn, elem) -> np.ndarray:
+    """selective-op's replay of one block for one micro-batch: the GEMMs it does not keep
+    (flops.op_recomputed_gemms), every elementwise op of the forward (`elem`: norms, RoPE, the
+    activation, residual adds; none is kept) and, without a fused attention kernel (whose
+    output it keeps), the attention core (`attn`)."""
+    T = tokens_per_microbatch(job, lay)
+    # Split over tp along N (column-parallel) or K (row-parallel): the same time either way.
+    gemms = sum(gemm_time(machine, job, T, n / lay.tp, k) for n, k in _flops.op_recomputed_gemms(model, recompute_early_stop(job)))
+    return gemms + elem + (0.0 if machine.flash_attention else attn)
+
+
 def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray]:
     """(forward_s, forward+backward+recompute_s) of one block for one micro-batch: GEMMs and
     elementwise work 3 x forward, the attention core 1 + attention_backward_ratio; full
@@ -265,6 +276,7 @@ def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: 
     forward = attn + dense + elem
     full = forward - last_gemm_time(model, machine, job, lay) if recompute_early_stop(job) else forward
     recompute = np.where(lay.recompute == RC_FULL, full, np.where(lay.recompute == RC_SELECTIVE, attn, 0.0))
+    recompute = np.where(lay.recompute == RC_OP, op_recompute_time(model, machine, job, lay, attn, elem), recompute)
     weights = weight_traffic_time(machine, job, _flops.layer_params(model) / lay.tp, lay)
     return forward, 3.0 * (dense + elem) + (1.0 + attention_backward_ratio(machine)) * attn + recompute + weights
 
@@ -308,6 +320,7 @@ def head_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: La
 # the forward again, selective the attention alone. The head (norm, projection, loss) ~10
 # forward. AdamW without foreach: ~12 ops per parameter tensor.
 BLOCK_FORWARD_OPS = 32
+OP_KEPT_OPS = 5  # selective-op replays the forward but the four GEMMs and the attention core it keeps
 HEAD_FORWARD_OPS = 10
 OPTIMIZER_OPS_PER_TENSOR = 12
 TENSORS_PER_BLOCK = 9
@@ -322,7 +335,8 @@ def forward_overhead_s(machine: MachineModel, blocks) -> np.ndarray:
 def _block_ops(recompute) -> np.ndarray:
     """Operators one block launches for one micro-batch: forward, backward and recompute."""
     rc = np.asarray(recompute)
-    return 3 * BLOCK_FORWARD_OPS + np.where(rc == RC_FULL, BLOCK_FORWARD_OPS, np.where(rc == RC_SELECTIVE, 1, 0))
+    replay = np.where(rc == RC_FULL, BLOCK_FORWARD_OPS, np.where(rc == RC_SELECTIVE, 1, 0))
+    return 3 * BLOCK_FORWARD_OPS + np.where(rc == RC_OP, BLOCK_FORWARD_OPS - OP_KEPT_OPS, replay)
 
 
 def framework_overhead_s(machine: MachineModel, blocks, recompute, tp=1) -> np.ndarray:

@@ -117,18 +117,31 @@ def step_flops(m: ModelSpec, job) -> dict[str, float]:
     }
 
 
+def op_recomputed_gemms(m: ModelSpec, early_stop: bool = False) -> list[tuple[float, float]]:
+    """(N, K) of the forward GEMMs (tokens x K) @ (K x N) that selective-op recompute repeats:
+    torchtitan's per-op policy (runtime/parallel/recompute.py) keeps the output of every other
+    matmul in the block's order q, k, v, o, then gate, up, down (SwiGLU) or up, down (GELU),
+    so it recomputes k, o and SwiGLU's up projection, or GELU's down projection, the block's
+    last GEMM, which an early-stopping replay never reaches (compute.layer_times)."""
+    kv = m.kv_heads * m.head_dim
+    second_mlp = [(m.ffn_hidden, m.hidden)] if m.activation == "swiglu" else ([] if early_stop else [(m.hidden, m.ffn_hidden)])
+    return [(kv, m.hidden), (m.hidden, m.hidden)] + second_mlp
+
+
 def recompute_flops_per_token(m: ModelSpec, seq_len: int, recompute, early_stop: bool = False) -> np.ndarray:
     """FLOPs repeated in backward: full = every block's forward again (with early_stop, less
     its last GEMM, the down projection: planner/cost/compute.py layer_times); selective = the
-    attention core only (Korthikanti et al. 2022, section 5)."""
-    from planner.cost.layout import RC_FULL, RC_SELECTIVE
+    attention core only (Korthikanti et al. 2022, section 5); selective-op = the GEMMs of
+    op_recomputed_gemms (with a fused attention kernel, whose output it keeps)."""
+    from planner.cost.layout import RC_FULL, RC_OP, RC_SELECTIVE
 
     rc = np.asarray(recompute)
     full = layer_forward_flops(m, seq_len) - (down_proj_flops(m) if early_stop else 0.0)
+    op = sum(2.0 * n * k for n, k in op_recomputed_gemms(m, early_stop))
     per_layer = np.where(
         rc == RC_FULL,
         full,
-        np.where(rc == RC_SELECTIVE, attention_core_flops(m, seq_len), 0.0),
+        np.where(rc == RC_SELECTIVE, attention_core_flops(m, seq_len), np.where(rc == RC_OP, op, 0.0)),
     )
     return m.layers * per_layer
 

@@ -19,7 +19,7 @@ RECOMPUTES = tuple(Recompute)
 SCHEDULES = (None,) + tuple(Schedule)  # code 0: no pipeline
 
 SH_NONE, SH_ZERO1, SH_ZERO2, SH_FSDP, SH_GRAD_OP, SH_HSDP = range(len(SHARDINGS))
-RC_NONE, RC_SELECTIVE, RC_FULL = range(len(RECOMPUTES))
+RC_NONE, RC_SELECTIVE, RC_FULL, RC_OP = range(len(RECOMPUTES))
 SC_NONE, SC_GPIPE, SC_1F1B, SC_INTERLEAVED = range(len(SCHEDULES))
 
 
@@ -167,11 +167,12 @@ class Space:
                      self.gas[rows], self.schedule[rows])
 
     def allowed_by(self, framework: FrameworkProfile) -> np.ndarray:
-        """Per row: whether the framework runs it (its shardings; sequence, pipeline and
-        context parallelism only where it offers them)."""
+        """Per row: whether the framework runs it (its shardings and recompute levels; sequence,
+        pipeline and context parallelism only where it offers them)."""
         ok_mesh = np.isin(self.meshes.sharding, [SHARDINGS.index(s) for s in framework.shardings])
         ok_unit = (((self.units.sp == 0) | framework.sequence_parallel) & ((self.units.pp == 1) | framework.pipeline_parallel)
-                   & ((self.units.cp == 1) | framework.context_parallel))
+                   & ((self.units.cp == 1) | framework.context_parallel)
+                   & np.isin(self.units.recompute, [RECOMPUTES.index(r) for r in framework.recompute_levels]))
         return ok_mesh[self.mesh] & ok_unit[self.unit]
 
     def layouts(self, rows=None) -> Layouts:
@@ -202,6 +203,9 @@ def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0) ->
     if SHARDINGS[lay.sharding[i]] not in framework.shardings:
         out.append(f"shard: {framework.name} runs {', '.join(s.value for s in framework.shardings)}, not "
                    f"{SHARDINGS[lay.sharding[i]].value}")
+    if RECOMPUTES[lay.recompute[i]] not in framework.recompute_levels:
+        out.append(f"recompute: {framework.name} offers {', '.join(r.value for r in framework.recompute_levels)}, not "
+                   f"{RECOMPUTES[lay.recompute[i]].value}")
     if lay.sp[i] and not framework.sequence_parallel:
         out.append(f"sp: {framework.name} has no sequence parallelism")
     if lay.pp[i] > 1 and not framework.pipeline_parallel:

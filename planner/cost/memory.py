@@ -27,6 +27,7 @@ from planner.cost import flops
 from planner.cost.compute import eager_gpu_figure
 from planner.cost.layout import (
     RC_FULL,
+    RC_OP,
     RC_SELECTIVE,
     SC_GPIPE,
     SC_INTERLEAVED,
@@ -215,19 +216,44 @@ def backward_tail_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJo
     return per_layer - np.where(lay.recompute == RC_SELECTIVE, scores_bytes(model, machine, job, lay), 0.0)
 
 
+def kept_input_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """A checkpointed block's input, which full and selective-op recompute keep: one stream
+    tensor, fp32 under autocast_on_fp32_weights."""
+    return stream_bytes(model, job, lay) * np.where(autocast_on_fp32_weights(job, lay), 4.0 / bytes_per_element(job.precision), 1.0)
+
+
+def op_kept_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """What one block keeps under selective-op recompute, per micro-batch (runtime/parallel/
+    recompute.py; torchtitan's "op" policy): its input (kept_input_bytes), the outputs of the
+    GEMMs it keeps (q, v, and gate and down for SwiGLU or up for GELU: flops.op_recomputed_gemms
+    names the others), the down projection's before its tensor-parallel reduction (T x h on every
+    rank), with sequence parallelism both reduce-scatters' outputs, and with a fused attention
+    kernel its output and fp32 log-sum-exp. Nothing elementwise: norms, RoPE and the activation
+    are recomputed."""
+    T = lay.mbs * job.seq_len / lay.cp
+    B = bytes_per_element(job.precision)
+    h, f, t = model.hidden, model.ffn_hidden, lay.tp
+    kv = model.kv_heads * model.head_dim
+    gemms = T * (h + kv + f) * B / t + (T * h * B if model.activation == "swiglu" else 0.0)
+    reduce_scatters = np.where((lay.sp == 1) & (t > 1), 2 * T * h * B / t, 0.0)
+    core = T * h * B / t + T * (model.heads / t) * 4 if machine.flash_attention else 0.0
+    return kept_input_bytes(model, job, lay) + gemms + reduce_scatters + core
+
+
 def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts,
                      per_logit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(bytes per in-flight micro-batch, fixed bytes) of activations on the busiest rank.
     Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only,
-    fp32 under autocast_on_fp32_weights; selective drops the attention scores). Fixed: the
-    larger of what the loss holds (loss_bytes, `per_logit` bytes a logit) and, under full
-    recompute, one block's working set while it is recomputed. The two never coexist: the
-    loss's backward frees the logits and their gradient before the last block is recomputed."""
-    block = backward_tail_bytes(model, machine, job, lay)  # what a block keeps without full recompute, its working set with it
-    stream_in = stream_bytes(model, job, lay) * np.where(autocast_on_fp32_weights(job, lay), 4.0 / bytes_per_element(job.precision), 1.0)
-    full = lay.recompute == RC_FULL
-    per_microbatch = np.ceil(model.layers / lay.pp) * np.where(full, stream_in, block)
-    working = np.where(full, block, 0.0)
+    fp32 under autocast_on_fp32_weights; selective drops the attention scores; selective-op
+    keeps op_kept_bytes). Fixed: the larger of what the loss holds (loss_bytes, `per_logit`
+    bytes a logit) and, under full or selective-op recompute, one block's working set while it
+    is recomputed. The two never coexist: the loss's backward frees the logits and their
+    gradient before the last block is recomputed."""
+    block = backward_tail_bytes(model, machine, job, lay)  # what a block keeps without recompute, its working set with it
+    full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
+    kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
+    per_microbatch = np.ceil(model.layers / lay.pp) * kept
+    working = np.where(full | op, block, 0.0)
     return per_microbatch, np.maximum(working, loss_bytes(model, job, lay, per_logit))
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from planner.cost import comm, compute, flops
 from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs
-from planner.cost.layout import RC_FULL, SH_ZERO1, SH_ZERO2, Layouts, Space
+from planner.cost.layout import RC_FULL, RC_OP, SH_ZERO1, SH_ZERO2, Layouts, Space
 from planner.cost.memory import MemoryParts, activation_bytes, backward_tail_bytes, microbatches_in_flight, reserve_bytes
 from planner.cost.pipeline import chunk_bottleneck
 from planner.cost.topology import LinkTiers, link_tiers
@@ -130,10 +130,13 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     # Tensor parallel: per block 2 collectives forward, 2 backward (+2 when recomputed);
     # with sequence parallelism each is a reduce-scatter + all-gather pair. A recompute that
     # stops early (compute.layer_times) skips the one after the down projection: its
-    # allreduce, or its pair's reduce-scatter.
+    # allreduce, or its pair's reduce-scatter. selective-op keeps the reduce-scatters' outputs
+    # (runtime/parallel/recompute.py) and replays the two all-gathers, or the allreduces.
     pl_tp = comm.place(t, 1, tiers)
     replay = np.where(u.sp == 1, 1.5, 1.0) if compute.recompute_early_stop(job) else 2.0
-    calls = np.where(t > 1, blocks_on_rank * (4 + np.where(u.recompute == RC_FULL, replay, 0)) * (1 - ov.tp), 0.0)
+    replay_op = np.where(u.sp == 1, 1.0, replay)
+    replays = np.where(u.recompute == RC_FULL, replay, np.where(u.recompute == RC_OP, replay_op, 0))
+    calls = np.where(t > 1, blocks_on_rank * (4 + replays) * (1 - ov.tp), 0.0)
     ar_codes, rsag_codes = algos
     tp_mb = {}
     for a in sorted(set(ar_codes) | set(rsag_codes)):
@@ -147,7 +150,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     # in backward: (cp-1)/cp of the full sequence's K and V per pass, as a ring would move.
     pl_cp = comm.place(u.cp, t, tiers)
     kv_full = T * u.cp * 2 * model.kv_heads * model.head_dim * B / t
-    passes = 2 + np.where(u.recompute == RC_FULL, 1, 0)
+    passes = 2 + np.where((u.recompute == RC_FULL) | (u.recompute == RC_OP), 1, 0)
     cp_mb = blocks_on_rank * passes * comm.ring_all_gather(pl_cp.size, kv_full, pl_cp.alpha_s, pl_cp.beta_Bps) / pl_cp.eff["all_gather"] * (1 - ov.cp)
     # Pipeline: each chunk sends its activations forward and their gradients back.
     pl_pp = comm.place(u.pp, u.dp * u.cp * t, tiers)

@@ -356,7 +356,8 @@ _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "pre
                        "cpu_figures": {}, "loss_traffic_bytes_per_logit": None,
                        "attention_kernel_speed": 1.0, "recompute_early_stop": False,
                        "eager_bytes_per_element": None, "compiled": False, "launch_us_per_op": None,
-                       "step_launch_s": 0.0, "measured_kernels": False, "weight_bytes_per_param": 0.0}
+                       "step_launch_s": 0.0, "measured_kernels": False, "weight_bytes_per_param": 0.0,
+                       "recompute_levels": ["none", "selective", "full"]}
 
 
 _EARLIER_VALUES = {name: value for name, value in _FRAMEWORK_DEFAULTS.items()

@@ -281,11 +281,12 @@ class Sharding(str, Enum):
 
 
 class Recompute(str, Enum):
-    """Activation recompute levels, least memory-saving first."""
+    """Activation recompute levels (memory kept: none > selective > selective-op > full)."""
 
     none = "none"  # keep every activation
     selective = "selective"  # recompute the attention core only (Korthikanti et al. 2022)
     full = "full"  # keep only each block's input; recompute the block in backward
+    selective_op = "selective-op"  # torchtitan's per-op policy: keep the attention core's and every other GEMM's output
 
 
 class Schedule(str, Enum):
@@ -338,8 +339,7 @@ class FrameworkProfile(Spec):
                                            description="DDP gradient bucket sizes the framework can use (MB).")
     zero_bucket_params: Annotated[float, Field(gt=0, le=1e15)] = Field(25 * 2**20 / 4, description="ZeRO-1/2 gradient bucket, parameters (exaplan's "
                                                                      "runtime: 25 MiB of fp32).")
-    zero_bucket_params_per_rank: float = Field(
-        0.0, ge=0, le=1e15, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
+    zero_bucket_params_per_rank: float = Field(0.0, ge=0, le=1e15, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
     eager_bytes_per_element: Annotated[float, Field(gt=0, le=100)] | None = Field(
         10.2, description="Bytes a block's unfused (eager) elementwise ops move on a GPU per element of the fused "
                           "count (planner/cost/compute.py eager_extra_time; exaplan's eager runtime ~10: fp32 norms "
@@ -351,9 +351,8 @@ class FrameworkProfile(Spec):
     step_launch_s: Annotated[float, Field(ge=0, le=10)] = Field(
         0.004, description="Host time per optimizer step on a GPU where the blocks run eager (clipping, the optimizer's "
                            "launches, the loss's synchronisation, records), s: the optimizer's time is at least this.")
-    compiled: bool = Field(False, description="The blocks run through torch.compile (`exaplan plan --compile` "
-                                              "writes `compile: true` into the plan): eager_bytes_per_element and "
-                                              "the launch floor do not apply.")
+    compiled: bool = Field(False, description="The blocks run through torch.compile (`exaplan plan --compile` writes `compile: "
+                                              "true` into the plan): eager_bytes_per_element and the launch floor do not apply.")
     measured_kernels: bool = Field(True, description="Where the machine carries runtime_kernels (measured for exaplan's "
                                    "runtime), attention and elementwise work are charged at those rates (planner/cost/compute.py).")
     weight_bytes_per_param: Annotated[float, Field(ge=0, le=1e3)] = Field(
@@ -361,11 +360,12 @@ class FrameworkProfile(Spec):
                          "fp32 weights cast under autocast and fp32 gradient accumulation (exaplan's runtime: 24).")
     shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
                                       description="Data-parallel shardings the framework runs.")
+    recompute_levels: list[Recompute] = Field(default_factory=lambda: list(Recompute), min_length=1,
+                                              description="Recompute levels the framework offers (selective-op: torch's per-op policy).")
     cpu_figures: dict[str, float] = Field(
-        default_factory=dict, description="Figures (planner/schema/figures.py names) this framework reaches on a CPU "
-                                          "workstation, fitted from its local runs (`exaplan validate --local --backend "
-                                          "jax --refit`); they replace a CPU machine's own (figures.framework_machine). "
-                                          "Empty: the machine's.")
+        default_factory=dict, description="Figures (planner/schema/figures.py names) this framework reaches on a CPU workstation, "
+                                          "fitted from its local runs (`exaplan validate --local --backend jax --refit`); they "
+                                          "replace a CPU machine's own (figures.framework_machine). Empty: the machine's.")
     pipeline_parallel: bool = Field(True, description="Offers pipeline parallelism (pp > 1).")
     context_parallel: bool = Field(True, description="Offers context parallelism (cp > 1).")
     precisions: list[Precision] = Field(default_factory=lambda: list(Precision), max_length=len(Precision),

@@ -112,6 +112,9 @@ class Pins:
                 if needs:
                     raise PlanError(f"{name} has no pipeline parallelism ({self._pair(pin)} needs it; pp must be 1)",
                                     field=pin)
+        if self.recompute is not None and Recompute(self.recompute) not in framework.recompute_levels:
+            raise PlanError(f"{name} offers {', '.join(r.value for r in framework.recompute_levels)}, not "
+                            f"{Recompute(self.recompute).value}", field="recompute")
         if not framework.context_parallel and self.cp is not None and self.cp > 1:
             raise PlanError(f"{name} has no context parallelism (cp must be 1, got {self.cp})", field="cp")
 

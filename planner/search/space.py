@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost.layout import SC_1F1B, SC_GPIPE, SC_INTERLEAVED, SC_NONE, SH_HSDP, SH_NONE, SHARDINGS, Layouts, Space
+from planner.cost.layout import RECOMPUTES, SC_1F1B, SC_GPIPE, SC_INTERLEAVED, SC_NONE, SH_HSDP, SH_NONE, SHARDINGS, Layouts, Space
 from planner.schema.specs import ModelSpec, TrainingJob, divisors
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def _enumerate(model: ModelSpec, job: TrainingJob, world: int) -> Space:
     units: list[tuple[int, ...]] = []  # pp, dp_replicate (= dp), cp, tp, mbs, vpp, recompute, sp, gas
     meshes: list[tuple[int, ...]] = []  # pp, dp_replicate, dp_shard, cp, tp, sharding
     rows: list[np.ndarray] = []  # unit, mesh, gas, schedule
+    levels = [RECOMPUTES.index(r) for r in job.framework.recompute_levels]  # the levels the framework offers
     for tp in tp_options(model, world):
         for cp in cp_options(job, world // tp):
             # Sequence parallelism splits each rank's seq / cp tokens over tp.
@@ -85,8 +86,8 @@ def _enumerate(model: ModelSpec, job: TrainingJob, world: int) -> Space:
                     for schedule, v in pipeline_options(model.layers, pp, gas):
                         if v not in by_v:
                             by_v[v] = len(units)
-                            units += [(pp, dp, cp, tp, mbs, v, rc, sp, gas) for rc in range(3) for sp in sps]
-                        n_units = 3 * len(sps)
+                            units += [(pp, dp, cp, tp, mbs, v, rc, sp, gas) for rc in levels for sp in sps]
+                        n_units = len(levels) * len(sps)
                         runs += [(by_v[v] + j, gas, schedule) for j in range(n_units)]
                 if runs:
                     r = np.asarray(runs, dtype=np.int64)

@@ -13,9 +13,17 @@
                whole scores term.
     full       keep only each block's input; the whole block is recomputed in backward
                (checkpoint_wrapper, non-reentrant, around every Block).
+    selective-op
+               torchtitan's per-op selective checkpointing (torchtitan/distributed/
+               activation_checkpoint.py, selective_ac_option "op"): every block runs under
+               non-reentrant checkpoint with a policy that keeps the output of the fused
+               attention kernel, of every other matmul (the 1st, 3rd, 5th and 7th of the
+               block: q, v, gate, down; k, o and up are recomputed) and of tensor-parallel
+               reduce-scatters, and recomputes every other op (norms, RoPE, SiLU, products,
+               residual adds). planner/cost/memory.py op_kept_bytes and flops.op_recomputed_gemms.
 
 Call after tensor parallelism and before data parallelism (the trainer's fixed order). Full
-recompute wraps each block, so parameter names gain "_checkpoint_wrapped_module."
+and selective-op recompute wrap each block, so parameter names gain "_checkpoint_wrapped_module."
 (runtime.model.canonical_name and DCP's state-dict helpers remove it). Selective recompute
 keeps the module tree unchanged: it replaces each Attention module's `forward` with one that
 runs the original under a TorchFunctionMode that reroutes only the attention-core call.
@@ -30,13 +38,38 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.overrides import TorchFunctionMode
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from planner.schema.plan import Recompute
 
-__all__ = ["apply_recompute", "RecomputeAttentionCore"]
+__all__ = ["apply_recompute", "RecomputeAttentionCore", "op_policy_context"]
 
 _SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+
+# selective-op: the ops whose outputs are kept, besides every other matmul (the fused
+# attention kernels of every backend, and tensor-parallel reduce-scatters, as torchtitan).
+_OP_KEPT = {getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+) if hasattr(torch.ops.aten, name)} | {torch.ops._c10d_functional.reduce_scatter_tensor.default}
+_MM = torch.ops.aten.mm.default
+
+
+def op_policy_context():
+    """The context pair of one block's selective-op checkpoint (a fresh matmul count per call,
+    in forward and in the recompute alike, so both keep the same matmuls)."""
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        if func == _MM:
+            mode = "recompute" if ctx.is_recompute else "forward"
+            counts[mode] += 1
+            keep = counts[mode] % 2 == 1
+        else:
+            keep = func in _OP_KEPT
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 class RecomputeAttentionCore(TorchFunctionMode):
@@ -71,6 +104,9 @@ def apply_recompute(model: nn.Module, level: Recompute | str) -> None:
     for key, block in list(model.layers.items()):
         if level == Recompute.full:
             model.layers[key] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        elif level == Recompute.selective_op:
+            model.layers[key] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                                   context_fn=op_policy_context)
         else:
             attention = block.attention
             if getattr(attention, "_exaplan_core_recompute", False):

@@ -97,3 +97,12 @@ def test_arrays_lie_as_the_rules_say():
     assert spec_for(("vocab", "embed"), (31, 128), mesh, rules_for(tp_plan)) == P(None, "dp_shard")
     dp8 = make_plan(8)
     assert spec_for(("vocab", "embed"), (32, 128), build_mesh(dp8, jax.devices()), rules_for(dp8)) == P(None, None)
+
+
+def test_selective_op_recompute_is_refused_before_jax_starts():
+    from jaxrt.preflight import unsupported
+    from planner.schema.plan import Recompute, load_plan
+
+    plan = load_plan("plans/protein-7b_dgx-h100_16n.yaml")
+    assert not any("recompute" in p for p in unsupported(plan.model_copy(update={"recompute": Recompute.full})))
+    assert any("selective-op" in p for p in unsupported(plan.model_copy(update={"recompute": Recompute.selective_op})))

@@ -51,6 +51,13 @@ def test_flash_backward_recomputes_the_scores():
     assert fb_sel - fb == pytest.approx(attn, **EXACT)
     down = float(compute.last_gemm_time(MODEL, H100, job(), Layouts.one(dp=8, mbs=1))[0])
     assert fb_full - fb == pytest.approx(f - down, **EXACT)
+    # selective-op (torchtitan's per-op policy) repeats the k, o and up projections and every
+    # elementwise op, and keeps the attention kernel's output.
+    _, _, _, _, fb_op = parts(H100, Layouts.one(dp=8, mbs=1, recompute="selective-op"))
+    h, f_, kv = MODEL.hidden, MODEL.ffn_hidden, MODEL.kv_heads * MODEL.head_dim
+    gemms = sum(float(compute.gemm_time(H100, job(), 4096.0, n, k)) for n, k in ((kv, h), (h, h), (f_, h)))
+    assert fb_op - fb == pytest.approx(gemms + elem, rel=1e-12)
+    assert fb_sel < fb_op < fb_full
 
 
 def test_unfused_attention_backward_is_twice_its_forward():

@@ -96,11 +96,23 @@ def test_estimate_and_plan_take_the_framework(tmp_path, capsys):
     assert "shard: megatron runs" in capsys.readouterr().err and not (tmp_path / "no.yaml").exists()
     assert main(["plan", "--model", "protein-tiny", "--machine", "dgx-h100", "--framework", "nope", "--no-write"]) == 2
     assert "unknown framework 'nope'" in capsys.readouterr().err
+    # selective-op recompute is torch's per-op policy: exaplan's runtime offers it, Megatron does not
+    for cmd in ("estimate", "plan"):
+        assert main([cmd, "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "2", "--dp", "16",
+                     "--mbs", "1", "--global-batch", "64", "--shard", "zero1", "--recompute", "selective-op",
+                     "--framework", "megatron", "-o", str(tmp_path / "no.yaml")]) == 2
+        err = capsys.readouterr().err
+        assert "recompute" in err and "megatron offers none, selective, full" in err and "Traceback" not in err
+    assert not (tmp_path / "no.yaml").exists()
+    assert main(["estimate", "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "2", "--dp", "16",
+                 "--mbs", "1", "--global-batch", "64", "--shard", "zero1", "--recompute", "selective-op",
+                 "-o", str(out)]) == 0
+    assert load_plan(out).recompute.value == "selective-op"
 
 
 def test_the_search_keeps_to_what_the_framework_runs():
     from planner.search.search import search
-    from planner.cost.layout import SHARDINGS
+    from planner.cost.layout import RECOMPUTES, SHARDINGS
 
     model, machine = get_model("protein-7b"), load_machine("dgx-h100")
     for name in ("megatron", "exaplan"):
@@ -109,6 +121,7 @@ def test_the_search_keeps_to_what_the_framework_runs():
         res = search(model, framework.applied_to(machine), job, 16, top_k=20)
         kinds = {SHARDINGS[k] for k in res.layouts.sharding}
         assert kinds <= set(framework.shardings), name
+        assert {RECOMPUTES[r] for r in res.finalists.recompute} <= set(framework.recompute_levels), name
     no_sp = FrameworkProfile(sequence_parallel=False)
     res = search(model, machine, make_job(model, machine, 128, 1024, None, None, None, framework=no_sp), 16, top_k=50)
     assert not res.layouts.sp.any()

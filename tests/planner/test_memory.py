@@ -13,6 +13,7 @@ from planner.cost import flops, memory
 from planner.cost.layout import (
     RC_FULL,
     RC_NONE,
+    RC_OP,
     RC_SELECTIVE,
     SC_1F1B,
     SC_GPIPE,
@@ -212,6 +213,30 @@ def test_autocast_copies_and_the_backward_tail():
     peak = max(float(per_mb[0] + fixed[0]), grads + float(tail[0]) - 2 * P)
     assert float(mem.total[0] - mem.reserve[0]) == pytest.approx(states + peak, **TIGHT)
     assert grads + float(tail[0]) - 2 * P > float(per_mb[0] + fixed[0])  # here the backward's end is the peak
+
+
+def test_selective_op_keeps_the_attention_output_and_every_other_gemm():
+    """torchtitan's per-op policy on Llama 3.1 8B under FSDP (bf16 weights, fused attention):
+    the block's input, q, v, the attention output, gate and down, all bf16, and the fp32
+    log-sum-exp: 63,616 bytes a token and layer (README: about 62 KB against the 200 KB the
+    eager block keeps without recompute). Between full recompute and none; under tp 2 with
+    sequence parallelism the column-parallel outputs split, the down projection's output
+    (before its reduce-scatter) does not, and both reduce-scatters' outputs are kept."""
+    from calibration.published_extra import llama31_model
+
+    m, mach = llama31_model("llama3.1-8b", 32, 4096, 32, 14336), load_machine("dgx-h100")
+    j = job(gb=2, seq=8192)
+    L = Layouts.concat([lay(mbs=1, dp_shard=8, sharding=SH_FSDP, recompute=r) for r in (RC_NONE, RC_OP, RC_FULL)])
+    per_mb, fixed = memory.activation_bytes(m, mach, j, L)
+    h, kv, f, T = 4096, 1024, 14336, 8192
+    per_token = 2 * (h + h + kv + h + f + h) + 4 * 32
+    assert per_token == 63_616
+    assert per_mb[1] == pytest.approx(m.layers * T * per_token, **TIGHT)
+    assert per_mb[2] < per_mb[1] < per_mb[0]
+    assert fixed[1] == fixed[2]  # one block's working set while it is recomputed, as full
+    tp = lay(mbs=1, tp=2, sp=1, dp_shard=4, sharding=SH_FSDP, recompute=RC_OP)
+    split = 2 * (h / 2 + h / 2 + kv / 2 + h / 2 + f / 2 + h + 2 * h / 2) + 4 * 32 / 2
+    assert memory.op_kept_bytes(m, mach, j, tp)[0] == pytest.approx(T * split, **TIGHT)
 
 
 def test_selective_recompute_drops_the_scores_without_flash():

@@ -11,6 +11,7 @@ import pytest
 from machine_models import load_machine
 from planner.cost.layout import (
     RC_NONE,
+    RECOMPUTES,
     SC_1F1B,
     SC_GPIPE,
     SC_INTERLEAVED,
@@ -106,7 +107,7 @@ def test_memory_forces_sharding():
     res = search(model, mach, job, nodes=1)
     assert res.layouts.sharding[0] == SH_ZERO2
     assert res.fitting == int(ev.memory.fits.sum())
-    assert res.fitting == 3  # zero2 under each of the three recompute levels
+    assert res.fitting == len(RECOMPUTES)  # zero2 under each recompute level
 
 
 def test_fsdp_never_gathers_more_than_its_stage():
@@ -179,7 +180,7 @@ def brute_force_layouts(model: ModelSpec, job: TrainingJob, world: int) -> set[t
             else:
                 shards = [(SH_NONE, dp, 1)] + [(k, 1, dp) for k in range(len(SHARDINGS)) if k not in (SH_NONE, SH_HSDP)]
                 shards += [(SH_HSDP, dp // g, g) for g in range(2, dp + 1) if dp % g == 0 and dp // g >= 2]
-            for (sched, v), (kind, rep, shard), rc, sp in itertools.product(pipes, shards, range(3), (0, 1)):
+            for (sched, v), (kind, rep, shard), rc, sp in itertools.product(pipes, shards, range(len(RECOMPUTES)), (0, 1)):
                 if sp and tp == 1:
                     continue
                 out.add((pp, rep, shard, cp, tp, mbs, gas, v, sched, kind, rc, sp))

@@ -89,6 +89,7 @@ FAST_2 = [
     layout("zero2-gas2", 2, "zero2", gas=2),
     layout("tp2-sp", 2, tp=2, sp=True),
     layout("recompute-selective", 2, "none", dp_replicate=2, recompute="selective"),
+    layout("fsdp-selective-op", 2, "fsdp", recompute="selective-op"),
 ]
 SLOW_2 = [
     layout("ddp-small-buckets", 2, "none", dp_replicate=2, bucket_mb=0.01),  # a DDP bucket per few tensors
@@ -117,6 +118,7 @@ SLOW_4 = [  # two spawns, so that each stays far inside its test's timeout on a 
         layout("tp2-ddp2", 4, "none", tp=2, dp_replicate=2),
         layout("tp2-sp-zero1-gas2", 4, "zero1", tp=2, sp=True, gas=2),
         layout("tp2-sp-zero2-selective", 4, "zero2", tp=2, sp=True, recompute="selective"),
+        layout("tp2-sp-ddp2-selective-op", 4, "none", tp=2, dp_replicate=2, sp=True, recompute="selective-op"),
     ],
 ]
 
@@ -219,6 +221,7 @@ def test_recompute_levels_recompute_what_they_say():
     none, g_none, names_none = _count_ops("none")
     selective, g_sel, names_sel = _count_ops("selective")
     full, g_full, _ = _count_ops("full")
+    op, g_op, _ = _count_ops("selective-op")
     layers = SPECS["llama"].layers
     assert none["sdpa"] == layers
     # selective: the attention core runs again in backward, and nothing else does
@@ -226,9 +229,13 @@ def test_recompute_levels_recompute_what_they_say():
     assert names_sel == names_none  # the module tree is unchanged
     # full: the whole block runs again (its attention core and its 7 projections)
     assert full["sdpa"] == 2 * layers and full["mm"] > none["mm"]
+    # selective-op: the attention kernel's output is kept, three of the seven projections
+    # (k, o, up) run again
+    assert op["sdpa"] == layers and op["mm"] == none["mm"] + 3 * layers
     for n, g in g_none.items():
         torch.testing.assert_close(g_sel[n], g, rtol=1e-6, atol=1e-9)
         torch.testing.assert_close(g_full[n], g, rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(g_op[n], g, rtol=1e-6, atol=1e-9)
 
 
 def test_replicate_units_follow_the_bucket_size():
