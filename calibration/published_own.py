@@ -40,7 +40,12 @@ calibration/published_schema.py). Held out: predicted as a check, never fitted.
          at 16 x 2,048 tokens, micro-batch 8 (..._s2048_full.yaml), and the 1.2B block at
          16 x 4,096, micro-batch 4 (..._s4096_full4.yaml; eager only: its compiled run finished,
          1,383.5 ms a step in the log, but the call's time ran out before its file was written):
-         docs/gpu/2026-11-26-h100-recompute2-*.json.
+         docs/gpu/2026-11-26-h100-recompute2-*.json;
+       - the first runs with selective-op recompute (torchtitan's per-op policy), predicted
+         before they ran (docs/gpu/2026-11-26-h100-op-predictions.json): protein-3.5b at 32 x 512
+         tokens in one micro-batch (..._op.yaml), the 1.2B block at 16 x 4,096, micro-batch 8
+         (..._s4096_op.yaml), and at 8 x 8,192, micro-batch 4 (..._s8192_op.yaml):
+         docs/gpu/2026-11-26-h100-op-*.json.
 
 The H200's device kind copies the H100 fit (no published H200 rows); the H100's is fitted, but
 to other frameworks' runs (Megatron-LM, llm-foundry, fms-fsdp), never to this runtime on a GPU.
@@ -83,10 +88,15 @@ CASES = {"h200": ("h200", "h200", 512, 32, 32, "protein-3.5b"), "h100": ("h100",
          "h100-s4096-full": ("h100", "h100_s4096_full", 4096, 16, 16, "protein-1.2b-h2048"),
          "h100-s8192-sel": ("h100", "h100_s8192_sel", 8192, 8, 2, "protein-1.2b-h2048"),
          "h100-s2048-full": ("h100", "h100_s2048_full", 2048, 16, 8, "protein-3.5b"),
-         "h100-s4096-full4": ("h100", "h100_s4096_full4", 4096, 16, 4, "protein-1.2b-h2048")}
+         "h100-s4096-full4": ("h100", "h100_s4096_full4", 4096, 16, 4, "protein-1.2b-h2048"),
+         "h100-op": ("h100", "h100_op", 512, 32, 32, "protein-3.5b"),
+         "h100-s4096-op": ("h100", "h100_s4096_op", 4096, 16, 8, "protein-1.2b-h2048"),
+         "h100-s8192-op": ("h100", "h100_s8192_op", 8192, 8, 4, "protein-1.2b-h2048")}
 # The recompute level of a case (none unless given).
 RECOMPUTE = {"h100-full": Recompute.full, "h100-s4096-full": Recompute.full, "h100-s8192-sel": Recompute.selective,
-             "h100-s2048-full": Recompute.full, "h100-s4096-full4": Recompute.full}
+             "h100-s2048-full": Recompute.full, "h100-s4096-full4": Recompute.full,
+             "h100-op": Recompute.selective_op, "h100-s4096-op": Recompute.selective_op,
+             "h100-s8192-op": Recompute.selective_op}
 # Models other than the presets: protein-3.5b's block at section A's 1.7B shape.
 MODELS = {"protein-1.2b-h2048": dict(name="protein-1.2b-h2048", layers=24, hidden=2048, heads=16, kv_heads=16,
                                      ffn_hidden=5504),
@@ -110,13 +120,17 @@ MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
                  ("h100-s4096-full", "compile"): 1.3436, ("h100-s4096-full", "eager"): 2.2692,
                  ("h100-s8192-sel", "compile"): 1.4071, ("h100-s8192-sel", "eager"): 2.0671,
                  ("h100-s2048-full", "compile"): 1.4697, ("h100-s2048-full", "eager"): 2.0974,
-                 ("h100-s4096-full4", "eager"): 2.3448}
+                 ("h100-s4096-full4", "eager"): 2.3448,
+                 ("h100-op", "compile"): 0.6636, ("h100-op", "eager"): 0.9727,
+                 ("h100-s4096-op", "compile"): 1.2119, ("h100-s4096-op", "eager"): 2.1491,
+                 ("h100-s8192-op", "compile"): 1.3802, ("h100-s8192-op", "eager"): 2.3159}
 # The evidence file of a case: docs/gpu/2026-11-26-<EVIDENCE[case]>-<mode>.json.
 EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096",
             "h100-s8192": "h100-heldout", "h100-h1024": "h100-heldout", "h200-s8192": "h200-heldout",
             "h100-h1536": "h100-heldout2", "h100-full": "h100-recompute", "h100-s4096-full": "h100-recompute",
             "h100-s8192-sel": "h100-recompute", "h100-s2048-full": "h100-recompute2",
-            "h100-s4096-full4": "h100-recompute2"}
+            "h100-s4096-full4": "h100-recompute2", "h100-op": "h100-op", "h100-s4096-op": "h100-op",
+            "h100-s8192-op": "h100-op"}
 
 
 def case_model(case: str):

@@ -209,6 +209,27 @@ def autocast_copy_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.
     return np.where(autocast_on_fp32_weights(job, lay), stage_params(model, lay) / lay.tp * 2.0, 0.0)
 
 
+def backward_temporaries_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Gradients a block's backward holds beside its kept tensors, per micro-batch: the MLP's
+    ffn-wide ones at once (SwiGLU: the product's, then the gate's and the up projection's, 3;
+    GELU: the activation's output's and input's, 2), 16-bit under autocast, split over tp."""
+    T = lay.mbs * job.seq_len / lay.cp
+    wide = 2 if model.activation == "swiglu" else 1
+    return wide * T * model.ffn_hidden * bytes_per_element(job.precision) / lay.tp
+
+
+def copies_never_held(job: TrainingJob, recompute) -> np.ndarray:
+    """Where autocast's weight copies (autocast_copy_bytes) are never held: blocks compiled
+    (the framework profile's `compiled`) under full or selective-op recompute cast each weight
+    inside their graphs, into no autocast cache, and save no cast for backward, which recomputes
+    it (measured on an H100: docs/gpu/2026-11-26-h100-recompute2-compile.json and
+    2026-11-27-h100-op-compile.json peak 6 GiB under the eager runs with protein-3.5b's 3.5 B
+    parameters). Eager blocks keep them in autocast's cache through the forward pass."""
+    rc = np.asarray(recompute)
+    compiled = bool(getattr(getattr(job, "framework", None), "compiled", False))
+    return compiled & ((rc == RC_FULL) | (rc == RC_OP))
+
+
 def backward_tail_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """Activations alive as a backward pass ends: the first block's kept tensors (under full
     recompute, its recomputed working set; selective recompute drops the scores)."""
@@ -246,14 +267,15 @@ def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only,
     fp32 under autocast_on_fp32_weights; selective drops the attention scores; selective-op
     keeps op_kept_bytes). Fixed: the larger of what the loss holds (loss_bytes, `per_logit`
-    bytes a logit) and, under full or selective-op recompute, one block's working set while it
-    is recomputed. The two never coexist: the loss's backward frees the logits and their
-    gradient before the last block is recomputed."""
+    bytes a logit) and what the last block's backward adds: its MLP's gradients
+    (backward_temporaries_bytes) and, under full or selective-op recompute, its recomputed
+    working set less what it kept (the kept tensors are part of it, counted once). The two
+    never coexist: the loss's backward frees the logits and their gradient first."""
     block = backward_tail_bytes(model, machine, job, lay)  # what a block keeps without recompute, its working set with it
     full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
     kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
     per_microbatch = np.ceil(model.layers / lay.pp) * kept
-    working = np.where(full | op, block, 0.0)
+    working = np.where(full | op, block - kept, 0.0) + backward_temporaries_bytes(model, job, lay)
     return per_microbatch, np.maximum(working, loss_bytes(model, job, lay, per_logit))
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from planner.cost import comm, compute, flops
 from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs
 from planner.cost.layout import RC_FULL, RC_OP, SH_ZERO1, SH_ZERO2, Layouts, Space
-from planner.cost.memory import MemoryParts, activation_bytes, backward_tail_bytes, microbatches_in_flight, reserve_bytes
+from planner.cost.memory import MemoryParts, activation_bytes, backward_tail_bytes, backward_temporaries_bytes, copies_never_held, microbatches_in_flight, reserve_bytes
 from planner.cost.pipeline import chunk_bottleneck
 from planner.cost.topology import LinkTiers, link_tiers
 from planner.schema.figures import framework_machine
@@ -166,7 +166,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     compute_mb = np.maximum(compute_mb, compute.launch_floor_s(machine, job, blocks_on_rank, u.recompute,
                                                                job.reference_in_step))
     return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed,
-                     backward_tail_bytes(model, machine, job, u))
+                     backward_tail_bytes(model, machine, job, u) + backward_temporaries_bytes(model, job, u))
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,24 +312,28 @@ def _best_choices(R: _Rows, U: UnitCosts, M: MeshCosts, u_sp: np.ndarray, algos,
 
 
 def _row_memory(machine: MachineModel, job: TrainingJob, space: Space, U: UnitCosts, M: MeshCosts, R: _Rows):
-    """(gradients at the peak, activations, reserve, total, fits) per row. Activations depend on
-    the unit and, through the micro-batches in flight, on the schedule. A step of one micro-batch
-    whose framework frees the gradients between steps (grads_freed_between_steps: torch's
-    set_to_none; not ZeRO-1/2's flat buffers) peaks at the end of its forward without them, or at
-    the end of its backward with them, the first block's activations (act_tail) and none of
-    autocast's weight copies: gradients are shown as what that peak holds beyond the forward's."""
+    """(parameters, gradients at the peak, activations, reserve, total, fits) per row. Activations
+    depend on the unit and, through the micro-batches in flight, on the schedule. A step of one
+    micro-batch whose framework frees the gradients between steps (grads_freed_between_steps:
+    torch's set_to_none; not ZeRO-1/2's flat buffers) peaks at the end of its forward without
+    them, or at the end of its backward with them, the first block's activations (act_tail) and
+    none of autocast's weight copies: gradients are shown as what that peak holds beyond the
+    forward's. Compiled blocks under full or selective-op recompute hold no copies at all
+    (memory.copies_never_held): the parameters are shown without them."""
     units, u, mi = space.units, R.u, R.mi
     acts = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_fixed[u]
     grads = M.gradients[mi]
+    copies = np.where(copies_never_held(job, units.recompute[u]), 0.0, M.autocast_copies[mi])
+    params = M.parameters[mi] - (M.autocast_copies[mi] - copies)
     flat = (space.meshes.sharding == SH_ZERO1) | (space.meshes.sharding == SH_ZERO2)
     freed = bool(getattr(job.framework, "grads_freed_between_steps", False)) & (R.m == 1) & ~flat[mi]
-    backward_end = grads + U.act_tail[u] - M.autocast_copies[mi]
+    backward_end = grads + U.act_tail[u] - copies
     grads = np.where(freed, np.maximum(backward_end - acts, 0.0), grads)
-    allocated = (M.parameters + M.optimizer + M.buffers + M.reference)[mi] + grads + acts
+    allocated = params + (M.optimizer + M.buffers + M.reference)[mi] + grads + acts
     reserve = reserve_bytes(machine, acts + M.buffers[mi])
     total = allocated + reserve
     fits = total <= machine.device_memory_gib * GIB
-    return grads, acts, reserve, total, fits
+    return params, grads, acts, reserve, total, fits
 
 
 def _evaluation(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, U: UnitCosts, M: MeshCosts,
@@ -379,12 +383,12 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
         U, M = _cast(U, np.float32), _cast(M, np.float32)
     R = _Rows.gather(space, U, M, machine.overlap.dp, np.float64 if detail else np.float32)
     best = _best_choices(R, U, M, space.units.sp, algos, fast, detail)
-    grads, acts, reserve, total, fits = _row_memory(machine, job, space, U, M, R)
+    params, grads, acts, reserve, total, fits = _row_memory(machine, job, space, U, M, R)
     layouts_scored = len(space) * len(algos[0]) * len(algos[1])
     if not detail:
         return Scores(best["step"], total, fits, layouts_scored)
     mi = R.mi
-    mem = MemoryParts(M.parameters[mi], grads, M.optimizer[mi], acts, M.buffers[mi], reserve, total, fits,
+    mem = MemoryParts(params, grads, M.optimizer[mi], acts, M.buffers[mi], reserve, total, fits,
                       reference=M.reference[mi])
     return _evaluation(model, machine, job, space, U, M, R, best, mem, ddp_buckets_mb, layouts_scored)
 

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 CASES_RUN = ("h200", "h100", "h100-s2048", "h100-s4096", "h100-s8192", "h100-h1024", "h200-s8192", "h100-h1536",
-             "h100-full", "h100-s4096-full", "h100-s8192-sel", "h100-s2048-full")
+             "h100-full", "h100-s4096-full", "h100-s8192-sel", "h100-s2048-full", "h100-op", "h100-s4096-op",
+             "h100-s8192-op")
 # (case, mode) of every run with an evidence file: both modes of CASES_RUN, and one eager run
 # whose compiled twin finished without its file (the lent machine's time ran out).
 RUN_PAIRS = {(c, m) for c in CASES_RUN for m in ("compile", "eager")} | {("h100-s4096-full4", "eager")}

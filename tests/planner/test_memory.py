@@ -171,16 +171,21 @@ def test_full_recompute_keeps_only_block_inputs():
     assert per_mb[0] == pytest.approx(m.layers * per_layer, **TIGHT)
     assert per_mb[2] < per_mb[0] / 8  # one fp32 stream tensor of the ~19 bf16-stream-sized ones a block keeps
     # Fixed part: what the loss holds (torch's eager cross-entropy: the fp32 log-softmax and
-    # its fp32 gradient, 8 bytes a logit), or under full recompute one block's working set if
-    # that is larger: the two never coexist (the loss's backward frees the logits before the
-    # last block is recomputed).
+    # its fp32 gradient, 8 bytes a logit), or what the last block's backward adds if that is
+    # larger: the two never coexist (the loss's backward frees the logits before the last
+    # block's backward). That backward adds its MLP's ffn-wide gradients beyond the tensors it
+    # frees (SwiGLU: the product's, gate's and up's, less the product it kept: 2 x T f bf16)
+    # and, under full recompute, its recomputed working set less the input it kept.
     logits = 2 * 4 * 4 * 512 * m.vocab_size
-    assert fixed[0] == pytest.approx(logits, **TIGHT)
-    assert fixed[1] == pytest.approx(logits, **TIGHT)
-    assert fixed[2] == pytest.approx(max(logits, per_layer), **TIGHT)
-    assert per_layer > logits  # protein vocabulary: the recomputed block is the larger
-    # A framework's own loss (a fused kernel: 4 bytes a logit) replaces the eager figure.
-    assert memory.activation_bytes(m, mach, j, L, per_logit=4.0)[1][0] == pytest.approx(logits / 2, **TIGHT)
+    temporaries = 2 * 4 * 512 * m.ffn_hidden * 2
+    assert memory.backward_temporaries_bytes(m, j, L)[0] == pytest.approx(temporaries, **TIGHT)
+    assert fixed[0] == pytest.approx(max(logits, temporaries), **TIGHT)
+    assert fixed[1] == pytest.approx(max(logits, temporaries), **TIGHT)
+    assert fixed[2] == pytest.approx(max(logits, per_layer - stream + temporaries), **TIGHT)
+    assert temporaries > logits  # protein vocabulary: the block's backward is the larger
+    # A framework's own loss (a fused kernel: 4 bytes a logit) replaces the eager figure where larger.
+    big_vocab = m.model_copy(update={"vocab_size": 32768})
+    assert memory.activation_bytes(big_vocab, mach, j, L, per_logit=4.0)[1][0] == pytest.approx(4 * 4 * 512 * 32768, **TIGHT)
     # Flash attention stores no scores, so selective keeps as much as none.
     assert per_mb[1] == per_mb[0]
 
@@ -203,16 +208,27 @@ def test_autocast_copies_and_the_backward_tail():
     megatron = job(gb=32).model_copy(update={"framework": load_framework("megatron")})
     assert memory.autocast_copy_bytes(m, megatron, L).tolist() == [0.0, 0.0]
     one = lay(mbs=32, gas=1, recompute=RC_FULL)
-    j = job(gb=32)
+    compiled = job(gb=32)
+    j = compiled.model_copy(update={"framework": compiled.framework.model_copy(update={"compiled": False})})  # eager
     mem = evaluate(m, mach, j, one).memory
     per_mb, fixed = memory.activation_bytes(m, mach, j, one)
-    tail = memory.backward_tail_bytes(m, mach, j, one)
-    assert tail[0] == pytest.approx(memory.layer_activation_bytes(m, mach, j, one)[0], **TIGHT)
+    tail = memory.backward_tail_bytes(m, mach, j, one) + memory.backward_temporaries_bytes(m, j, one)
+    assert tail[0] > memory.layer_activation_bytes(m, mach, j, one)[0]  # the first block's, and its backward's gradients
     grads = 4.0 * P
     states = float(mem.parameters[0] + mem.optimizer[0] + mem.buffers[0])
     peak = max(float(per_mb[0] + fixed[0]), grads + float(tail[0]) - 2 * P)
     assert float(mem.total[0] - mem.reserve[0]) == pytest.approx(states + peak, **TIGHT)
     assert grads + float(tail[0]) - 2 * P > float(per_mb[0] + fixed[0])  # here the backward's end is the peak
+    # Compiled blocks under full recompute cast the weights inside their graphs: no copies, at
+    # either end of the step.
+    assert memory.copies_never_held(compiled, one.recompute).all() and not memory.copies_never_held(j, one.recompute).any()
+    cmem = evaluate(m, mach, compiled, one).memory
+    assert float(mem.parameters[0] - cmem.parameters[0]) == pytest.approx(2 * P, **TIGHT)
+    c_per_mb, c_fixed = memory.activation_bytes(m, mach, compiled, one)
+    c_tail = memory.backward_tail_bytes(m, mach, compiled, one) + memory.backward_temporaries_bytes(m, compiled, one)
+    c_states = float(cmem.parameters[0] + cmem.optimizer[0] + cmem.buffers[0])
+    c_peak = max(float(c_per_mb[0] + c_fixed[0]), grads + float(c_tail[0]))
+    assert float(cmem.total[0] - cmem.reserve[0]) == pytest.approx(c_states + c_peak, **TIGHT)
 
 
 def test_selective_op_keeps_the_attention_output_and_every_other_gemm():
