@@ -127,6 +127,11 @@ EXAMPLES = {
                                                    "--set model.ffn_hidden=5504 --set model.layers=24 "
                                                    "--set model.seq_len=8192 "
                                                    "--global-batch 8 --seq-len 8192 --recompute selective-op --draws 0",
+    # Held out from the three memory terms the runs above led to (compiled blocks under
+    # recompute hold no weight copies; a recomputed block's kept tensors counted once; the
+    # backward's gradients), predicted before it ran: selective-op with accumulation.
+    "gpu/protein-3.5b_1xh100_s2048_op.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
+                                             "--global-batch 16 --seq-len 2048 --recompute selective-op --mbs 4 --draws 0",
 }
 
 
