@@ -38,14 +38,19 @@ calibration/published_schema.py). Held out: predicted as a check, never fitted.
        - full recompute with accumulation, predicted before they ran under the memory model the
          three above led to (docs/gpu/2026-11-26-h100-recompute2-predictions.json): protein-3.5b
          at 16 x 2,048 tokens, micro-batch 8 (..._s2048_full.yaml), and the 1.2B block at
-         16 x 4,096, micro-batch 4 (..._s4096_full4.yaml; eager only: its compiled run finished,
-         1,383.5 ms a step in the log, but the call's time ran out before its file was written):
+         16 x 4,096, micro-batch 4 (..._s4096_full4.yaml; eager: its compiled run finished,
+         1,383.5 ms a step in the log, but the call's time ran out before its file was written;
+         measured again below, 1,384.4 ms):
          docs/gpu/2026-11-26-h100-recompute2-*.json;
        - the first runs with selective-op recompute (torchtitan's per-op policy), predicted
          before they ran (docs/gpu/2026-11-26-h100-op-predictions.json): protein-3.5b at 32 x 512
          tokens in one micro-batch (..._op.yaml), the 1.2B block at 16 x 4,096, micro-batch 8
          (..._s4096_op.yaml), and at 8 x 8,192, micro-batch 4 (..._s8192_op.yaml):
-         docs/gpu/2026-11-26-h100-op-*.json.
+         docs/gpu/2026-11-26-h100-op-*.json;
+       - after the memory terms those led to, predicted before they ran (docs/gpu/2026-11-26-
+         h100-op2-predictions.json): selective-op with accumulation, protein-3.5b at 16 x 2,048
+         tokens, micro-batch 4 (..._s2048_op.yaml), and the compiled twin of the 1.2B full-
+         recompute run with accumulation (..._s4096_full4.yaml): docs/gpu/2026-11-26-h100-op2-*.json.
 
 The H200's device kind copies the H100 fit (no published H200 rows); the H100's is fitted, but
 to other frameworks' runs (Megatron-LM, llm-foundry, fms-fsdp), never to this runtime on a GPU.
@@ -91,12 +96,13 @@ CASES = {"h200": ("h200", "h200", 512, 32, 32, "protein-3.5b"), "h100": ("h100",
          "h100-s4096-full4": ("h100", "h100_s4096_full4", 4096, 16, 4, "protein-1.2b-h2048"),
          "h100-op": ("h100", "h100_op", 512, 32, 32, "protein-3.5b"),
          "h100-s4096-op": ("h100", "h100_s4096_op", 4096, 16, 8, "protein-1.2b-h2048"),
-         "h100-s8192-op": ("h100", "h100_s8192_op", 8192, 8, 4, "protein-1.2b-h2048")}
+         "h100-s8192-op": ("h100", "h100_s8192_op", 8192, 8, 4, "protein-1.2b-h2048"),
+         "h100-s2048-op": ("h100", "h100_s2048_op", 2048, 16, 4, "protein-3.5b")}
 # The recompute level of a case (none unless given).
 RECOMPUTE = {"h100-full": Recompute.full, "h100-s4096-full": Recompute.full, "h100-s8192-sel": Recompute.selective,
              "h100-s2048-full": Recompute.full, "h100-s4096-full4": Recompute.full,
              "h100-op": Recompute.selective_op, "h100-s4096-op": Recompute.selective_op,
-             "h100-s8192-op": Recompute.selective_op}
+             "h100-s8192-op": Recompute.selective_op, "h100-s2048-op": Recompute.selective_op}
 # Models other than the presets: protein-3.5b's block at section A's 1.7B shape.
 MODELS = {"protein-1.2b-h2048": dict(name="protein-1.2b-h2048", layers=24, hidden=2048, heads=16, kv_heads=16,
                                      ffn_hidden=5504),
@@ -123,14 +129,22 @@ MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
                  ("h100-s4096-full4", "eager"): 2.3448,
                  ("h100-op", "compile"): 0.6636, ("h100-op", "eager"): 0.9727,
                  ("h100-s4096-op", "compile"): 1.2119, ("h100-s4096-op", "eager"): 2.1491,
-                 ("h100-s8192-op", "compile"): 1.3802, ("h100-s8192-op", "eager"): 2.3159}
-# The evidence file of a case: docs/gpu/2026-11-26-<EVIDENCE[case]>-<mode>.json.
+                 ("h100-s8192-op", "compile"): 1.3802, ("h100-s8192-op", "eager"): 2.3159,
+                 ("h100-s2048-op", "compile"): 1.3997, ("h100-s2048-op", "eager"): 2.0306,
+                 ("h100-s4096-full4", "compile"): 1.3844}
+# The evidence file of a case: docs/gpu/2026-11-26-<evidence(case, mode)>-<mode>.json (EVIDENCE,
+# or EVIDENCE_BY_MODE for a run measured in a later call than its twin).
 EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096",
             "h100-s8192": "h100-heldout", "h100-h1024": "h100-heldout", "h200-s8192": "h200-heldout",
             "h100-h1536": "h100-heldout2", "h100-full": "h100-recompute", "h100-s4096-full": "h100-recompute",
             "h100-s8192-sel": "h100-recompute", "h100-s2048-full": "h100-recompute2",
             "h100-s4096-full4": "h100-recompute2", "h100-op": "h100-op", "h100-s4096-op": "h100-op",
-            "h100-s8192-op": "h100-op"}
+            "h100-s8192-op": "h100-op", "h100-s2048-op": "h100-op2"}
+EVIDENCE_BY_MODE = {("h100-s4096-full4", "compile"): "h100-op2"}
+
+
+def evidence(case: str, mode: str) -> str:
+    return EVIDENCE_BY_MODE.get((case, mode), EVIDENCE[case])
 
 
 def case_model(case: str):
@@ -146,7 +160,7 @@ def own_gpu_runs() -> list[PublishedRun]:
         card, _, seq, gbs, mbs, name = CASES[case]
         machine, part = CARDS[card]
         runs.append(PublishedRun(
-            id=f"M-{name}-{case}-{mode}", section="M", source=SOURCE_M.format(card=EVIDENCE[case]),
+            id=f"M-{name}-{case}-{mode}", section="M", source=SOURCE_M.format(card=evidence(case, mode)),
             model=case_model(case), machine=machine, framework="fsdp",
             gpus=1, layout=PublishedLayout(dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs,
                                            recompute=RECOMPUTE.get(case, Recompute.none)),
