@@ -316,7 +316,7 @@ class FrameworkProfile(Spec):
                            "(Megatron's scatter/gather of p2p messages).")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction.")
     loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
-        8.0, description="Memory the loss holds per logit (torch's eager cross-entropy 8; Megatron's vocab-parallel "
+        12.0, description="Memory the loss holds per logit (torch's eager cross-entropy 12; Megatron's vocab-parallel "
                          "or a fused kernel 4): planner/cost/memory.py.")
     swiglu_kept_tensors: Literal[3, 4] = Field(
         4, description="ffn-wide tensors a SwiGLU block keeps for backward: 4 op by op (gate, up, silu(gate), product; "

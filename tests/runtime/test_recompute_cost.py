@@ -115,3 +115,29 @@ def test_selective_op_keeps_what_the_planner_counts(spec):
     measured = _kept_activation_bytes(spec, "selective-op") - _kept_activation_bytes(spec, "full")
     counted = spec.layers * (op_kept_bytes(spec, machine, job, lay) - kept_input_bytes(spec, job, lay))
     assert measured == pytest.approx(float(counted[0]), rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_eager_loss_peaks_at_the_bytes_the_planner_counts(dtype):
+    """The runtime's loss (torch's cross-entropy over an fp32 copy of the logits) peaks at the
+    start of its backward: the fp32 log-softmax it kept, the nll's dense fp32 gradient and the
+    log-softmax's input gradient, 12 bytes a logit (memory.LOSS_BYTES_PER_LOGIT["eager"],
+    the exaplan profile's loss_bytes_per_logit), measured with MemTracker."""
+    from planner.cost.memory import LOSS_BYTES_PER_LOGIT
+    from runtime.model import loss_fn
+
+    torch.manual_seed(0)
+    tokens, vocab, hidden = 512, 8192, 64
+    weight = torch.randn(vocab, hidden, dtype=dtype, requires_grad=True)
+    x = torch.randn(1, tokens, hidden, dtype=dtype)
+    targets = torch.randint(0, vocab, (1, tokens))
+    tracker = MemTracker()
+    with tracker:
+        logits = x @ weight.t()
+        loss = loss_fn(logits, targets)
+        del logits
+        loss.backward()
+        peak = sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values())
+    per_logit = (peak - weight.numel() * weight.element_size()) / (tokens * vocab)  # less the weight's gradient
+    assert per_logit == pytest.approx(LOSS_BYTES_PER_LOGIT["eager"], rel=0.05)
+    assert load_framework("exaplan").loss_bytes_per_logit == LOSS_BYTES_PER_LOGIT["eager"]
