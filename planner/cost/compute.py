@@ -261,7 +261,8 @@ def op_recompute_time(model: ModelSpec, machine: MachineModel, job: TrainingJob,
 def layer_times(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> tuple[np.ndarray, np.ndarray]:
     """(forward_s, forward+backward+recompute_s) of one block for one micro-batch: GEMMs and
     elementwise work 3 x forward, the attention core 1 + attention_backward_ratio; full
-    recompute repeats the forward, selective the attention core's.
+    recompute repeats the forward, selective the attention core's, selective-op what
+    op_recompute_time says.
 
     Early stop (recompute_early_stop: torch's non-reentrant checkpoint since 2.1, PyTorch
     PRs #90105 and #96866): the replay of a checkpointed block raises as soon as the last

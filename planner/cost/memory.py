@@ -212,8 +212,11 @@ def autocast_copy_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.
 
 def backward_temporaries_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """Gradients a block's backward holds beside its kept tensors, per micro-batch: the MLP's
-    ffn-wide ones at once (SwiGLU: the product's, then the gate's and the up projection's, 3;
-    GELU: the activation's output's and input's, 2), 16-bit under autocast, split over tp."""
+    ffn-wide ones at once, less the kept tensor they replace (SwiGLU: the product's gradient,
+    then the gate's and the up projection's, while the product itself is freed: 2; GELU: the
+    activation's input gradient beside its output's, which replaces the freed output: 1),
+    16-bit under autocast, split over tp. With copies_never_held, set against the H100 runs
+    of tests/planner/test_memory_gpu_measured.py."""
     T = lay.mbs * job.seq_len / lay.cp
     wide = 2 if model.activation == "swiglu" else 1
     return wide * T * model.ffn_hidden * bytes_per_element(job.precision) / lay.tp
@@ -224,8 +227,9 @@ def copies_never_held(job: TrainingJob, recompute) -> np.ndarray:
     (the framework profile's `compiled`) under full or selective-op recompute cast each weight
     inside their graphs, into no autocast cache, and save no cast for backward, which recomputes
     it (measured on an H100: docs/gpu/2026-11-26-h100-recompute2-compile.json and
-    2026-11-27-h100-op-compile.json peak 6 GiB under the eager runs with protein-3.5b's 3.5 B
-    parameters). Eager blocks keep them in autocast's cache through the forward pass."""
+    2026-11-26-h100-op-compile.json peak 4-7 GiB under the eager runs with protein-3.5b's 3.5 B
+    parameters, 6.5 GiB of copies). Eager blocks keep them in autocast's cache through the
+    forward pass."""
     rc = np.asarray(recompute)
     compiled = bool(getattr(getattr(job, "framework", None), "compiled", False))
     return compiled & ((rc == RC_FULL) | (rc == RC_OP))
@@ -276,7 +280,7 @@ def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
     kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
     per_microbatch = np.ceil(model.layers / lay.pp) * kept
-    working = np.where(full | op, block - kept, 0.0) + backward_temporaries_bytes(model, job, lay)
+    working = np.where(full | op, np.maximum(block - kept, 0.0), 0.0) + backward_temporaries_bytes(model, job, lay)
     return per_microbatch, np.maximum(working, loss_bytes(model, job, lay, per_logit))
 
 

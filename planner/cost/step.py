@@ -29,7 +29,15 @@ import numpy as np
 from planner.cost import comm, compute, flops
 from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs
 from planner.cost.layout import RC_FULL, RC_OP, SH_ZERO1, SH_ZERO2, Layouts, Space
-from planner.cost.memory import MemoryParts, activation_bytes, backward_tail_bytes, backward_temporaries_bytes, copies_never_held, microbatches_in_flight, reserve_bytes
+from planner.cost.memory import (
+    MemoryParts,
+    activation_bytes,
+    backward_tail_bytes,
+    backward_temporaries_bytes,
+    copies_never_held,
+    microbatches_in_flight,
+    reserve_bytes,
+)
 from planner.cost.pipeline import chunk_bottleneck
 from planner.cost.topology import LinkTiers, link_tiers
 from planner.schema.figures import framework_machine
