@@ -13,7 +13,11 @@ to the compute dtype (bf16 under a bf16 plan) at their use; the loss runs in fp3
 Recompute (`remat`): "full" keeps only each block's input (jax.checkpoint with nothing
 saveable); "selective" keeps the matmuls against weights and recomputes the attention core
 (`dots_with_no_batch_dims_saveable`: the score and value matmuls have batch dimensions),
-as Korthikanti et al. 2022 recompute it.
+as Korthikanti et al. 2022 recompute it; "selective-op" keeps what the torch runtime's
+per-op policy keeps (runtime/parallel/recompute.py): the q and v projections, the attention
+output, the first MLP projection and, with SwiGLU, the down projection, each named with
+`checkpoint_name` and saved by `save_only_these_names`; k, o, up and every elementwise op
+are recomputed.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrt.sharding import constrain
 from planner.schema.specs import ModelSpec
@@ -118,9 +123,9 @@ class Attention(nn.Module):
         d = self.dims
         b, s, _ = x.shape
         out_std = 0.02 / math.sqrt(2 * d.layers)
-        q = Linear(d.heads * d.head_dim, ("heads", "embed"), 0.02, self.dtype, name="wq")(x)
+        q = checkpoint_name(Linear(d.heads * d.head_dim, ("heads", "embed"), 0.02, self.dtype, name="wq")(x), "op_q")
         k = Linear(d.kv_heads * d.head_dim, ("kv_heads", "embed"), 0.02, self.dtype, name="wk")(x)
-        v = Linear(d.kv_heads * d.head_dim, ("kv_heads", "embed"), 0.02, self.dtype, name="wv")(x)
+        v = checkpoint_name(Linear(d.kv_heads * d.head_dim, ("kv_heads", "embed"), 0.02, self.dtype, name="wv")(x), "op_v")
         q = q.reshape(b, s, d.heads, d.head_dim)
         k = k.reshape(b, s, d.kv_heads, d.head_dim)
         v = v.reshape(b, s, d.kv_heads, d.head_dim)
@@ -131,7 +136,7 @@ class Attention(nn.Module):
         v = constrain(v, ("batch", "seq", "act_kv_heads", None))
         # (batch, seq, heads, head_dim) in and out; grouped-query heads shared; the cuDNN
         # flash kernel on NVIDIA GPUs in bf16, XLA's einsums elsewhere.
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        out = checkpoint_name(jax.nn.dot_product_attention(q, k, v, is_causal=True), "op_attention")
         out = constrain(out.reshape(b, s, -1), ("batch", "seq", "act_heads"))
         return Linear(d.hidden, ("embed", "heads"), out_std, self.dtype, name="wo")(out)
 
@@ -144,13 +149,15 @@ class FeedForward(nn.Module):
     def __call__(self, x):
         d = self.dims
         out_std = 0.02 / math.sqrt(2 * d.layers)
-        h = Linear(d.ffn_hidden, ("mlp", "embed"), 0.02, self.dtype, name="w1")(x)
+        h = checkpoint_name(Linear(d.ffn_hidden, ("mlp", "embed"), 0.02, self.dtype, name="w1")(x), "op_gate")
         if d.activation == "swiglu":
             h = jax.nn.silu(h) * Linear(d.ffn_hidden, ("mlp", "embed"), 0.02, self.dtype, name="w3")(x)
         else:
             h = jax.nn.gelu(h, approximate=True)
         h = constrain(h, ("batch", "seq", "act_mlp"))
-        return Linear(d.hidden, ("embed", "mlp"), out_std, self.dtype, name="w2")(h)
+        out = Linear(d.hidden, ("embed", "mlp"), out_std, self.dtype, name="w2")(h)
+        # the 7th matmul of a SwiGLU block, kept; a GELU block's down projection is its 6th
+        return checkpoint_name(out, "op_down") if d.activation == "swiglu" else out
 
 
 class Block(nn.Module):
@@ -172,6 +179,7 @@ class Block(nn.Module):
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "selective": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "selective-op": jax.checkpoint_policies.save_only_these_names("op_q", "op_v", "op_attention", "op_gate", "op_down"),
 }
 
 

@@ -35,8 +35,6 @@ def unsupported(plan: Plan) -> list[str]:
         out.append(f"context parallelism (cp = {plan.mesh.cp})")
     if plan.job.precision.value == "fp16":
         out.append("fp16 (no loss scaling here: use bf16 or fp32)")
-    if plan.recompute.value == "selective-op":
-        out.append("selective-op recompute (torch's per-op policy; jaxrt remats none, selective or full)")
     if plan.job.workload.value != "pretrain":
         out.append(f"the {plan.job.workload.value} workload (pretraining only)")
     return out

@@ -52,6 +52,8 @@ LAYOUTS = {
     "tp2-sp-fsdp2-gpt-selective": dict(world=4, kind="fsdp-grad-op", dp_shard=2, tp=2, sp=True, spec="gpt",
                                        recompute="selective"),
     "ddp2-gas4-selective": dict(world=2, gas=4, recompute="selective"),
+    "fsdp2-selective-op": dict(world=2, kind="fsdp", dp_shard=2, recompute="selective-op"),
+    "tp2-sp-gpt-selective-op": dict(world=2, tp=2, sp=True, spec="gpt", recompute="selective-op"),
 }
 
 
@@ -98,11 +100,3 @@ def test_arrays_lie_as_the_rules_say():
     dp8 = make_plan(8)
     assert spec_for(("vocab", "embed"), (32, 128), build_mesh(dp8, jax.devices()), rules_for(dp8)) == P(None, None)
 
-
-def test_selective_op_recompute_is_refused_before_jax_starts():
-    from jaxrt.preflight import unsupported
-    from planner.schema.plan import Recompute, load_plan
-
-    plan = load_plan("plans/protein-7b_dgx-h100_16n.yaml")
-    assert not any("recompute" in p for p in unsupported(plan.model_copy(update={"recompute": Recompute.full})))
-    assert any("selective-op" in p for p in unsupported(plan.model_copy(update={"recompute": Recompute.selective_op})))

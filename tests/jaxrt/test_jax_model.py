@@ -117,3 +117,25 @@ def test_the_learning_rate_schedule_is_the_torch_runtimes():
     schedule = lr_schedule(args.lr, args.warmup, args.steps)
     for step in range(0, 120):
         assert float(schedule(step)) == pytest.approx(lr_at(step, args), rel=1e-6)
+
+
+@pytest.mark.parametrize("spec", VARIANTS[:2], ids=lambda s: s.name)
+def test_selective_op_saves_the_torch_policys_kept_outputs(spec):
+    """selective-op under jax.checkpoint saves the block's input and the outputs the torch
+    runtime's per-op policy keeps (q, v, the attention output, the first MLP projection),
+    nothing else but the weights: jax saves only what backward needs, so not the down
+    projection's output, which the torch policy caches for its replay."""
+    import flax.linen as nn
+    from jax._src.ad_checkpoint import saved_residuals
+
+    from jaxrt.model import REMAT_POLICIES, Block
+
+    dims = Dims.of(spec)
+    block = nn.remat(Block, policy=REMAT_POLICIES["selective-op"], prevent_cse=True)(dims, jnp.float32)
+    x = jnp.ones((2, spec.seq_len, spec.hidden))
+    params = block.init(jax.random.key(0), x, None)
+    saved = [desc for _, desc in saved_residuals(lambda p, x: block.apply(p, x, None).sum(), params, x)]
+    names = sorted(d.split("'")[1] for d in saved if d.startswith("named"))
+    assert names == ["op_attention", "op_gate", "op_q", "op_v"]
+    others = [d for d in saved if not d.startswith("named") and "p['params']" not in d]
+    assert others == ["from the argument x"]
