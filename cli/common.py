@@ -14,7 +14,8 @@ from planner.schema.specs import MAX_NODES, Recompute
 RECOMPUTES = [r.value for r in Recompute]
 RECOMPUTE_HELP = ("activation recompute: none; selective (the attention core, Korthikanti et al. 2022); full (each "
                   "block from its input); selective-op (torchtitan's per-op policy: keeps the attention output and "
-                  "every other GEMM's, recomputes k, o, up and the elementwise ops; exaplan's runtime only)")
+                  "every other GEMM's, recomputes k, o, up and the elementwise ops; exaplan's torch and JAX runtimes, not "
+                  "--framework megatron or deepspeed)")
 
 MODEL_HELP = "preset (protein-3.5b, protein-7b, protein-70b, protein-small, protein-tiny) or a ModelSpec YAML file"
 MACHINE_HELP = ("preset (aurora, alps, frontier, leonardo, lumi, pdx, dgx-a100-80gb, dgx-a100-40gb, dgx-h100, "
