@@ -111,26 +111,34 @@ def layer_activation_bytes(model: ModelSpec, machine: MachineModel, job: Trainin
     attention = 2 * stream + T * (h + 2 * kv) * B / t + T * h * B / t + T * (model.heads / t) * 4
     mlp = 2 * stream + (swiglu_kept_tensors(job) if model.activation == "swiglu" else 2) * T * f * B / t
     scores = scores_bytes(model, machine, job, lay)
-    return attention + mlp + scores + eager_saved_bytes(machine, job, lay) * stream / B
+    return attention + mlp + scores + eager_saved_bytes(model, machine, job, lay) * stream / B
 
 
 # Bytes per residual-stream element (token x hidden) that exaplan's eager block keeps for backward
 # beyond the fused count, in 16-bit training (runtime/model.py, counted with saved-tensor hooks by
-# tests/planner/test_memory.py): its RMSNorm keeps an fp32 copy of its input (x.float(): 4) and,
-# with fp32 weights under autocast, its fp32 output (4) and a 16-bit cast of it for each of the
-# Linear layers that read it (q, k, v: 3; gate, up: 2) where the count has one; with 16-bit
-# weights (FSDP's MixedPrecisionPolicy) the 16-bit output of x * rsqrt besides the weight's product.
-EAGER_SAVED_BYTES = {"autocast": 18.0, "bf16_weights": 8.0}
+# tests/planner/test_memory.py), by weights and norm. With fp32 weights under autocast the stream
+# is fp32: both norms' outputs are fp32 where the count has 16-bit (2 x 2), the q, k and v Linear
+# layers each cast the attention norm's output to 16-bit where the count has one (2 x 2), and the
+# RMSNorm keeps its fp32 normalised input for the weight's product (2 x 4; torch's fused
+# LayerNorm keeps nothing beyond its input): 16 with RMSNorm, 8 with LayerNorm. With 16-bit
+# weights (FSDP's MixedPrecisionPolicy) the RMSNorm's fp32 copy of its input (2 x 4): 8, and 0
+# with LayerNorm. Under autocast a SwiGLU block's gate and up projections each cast the MLP
+# norm's output: SWIGLU_CAST_BYTES more.
+EAGER_SAVED_BYTES = {("autocast", "rmsnorm"): 16.0, ("autocast", "layernorm"): 8.0,
+                     ("bf16_weights", "rmsnorm"): 8.0, ("bf16_weights", "layernorm"): 0.0}
+SWIGLU_CAST_BYTES = 2.0
 
 
-def eager_saved_bytes(machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+def eager_saved_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """EAGER_SAVED_BYTES per stream element for blocks run eager on a GPU in 16-bit training
     (the framework profile's eager_bytes_per_element set, not compiled: compute.eager_gpu_figure):
     the FSDP kinds hold 16-bit weights, the other shardings fp32 weights under autocast; 0
     otherwise (fused or compiled blocks, fp32 training, CPUs, whose runs are fitted)."""
     if job.precision == Precision.fp32 or eager_gpu_figure(machine, job, "eager_bytes_per_element") is None:
         return np.zeros(len(lay))
-    return np.where(fully_sharded(lay.sharding), EAGER_SAVED_BYTES["bf16_weights"], EAGER_SAVED_BYTES["autocast"])
+    cast = SWIGLU_CAST_BYTES if model.activation == "swiglu" else 0.0
+    return np.where(fully_sharded(lay.sharding), EAGER_SAVED_BYTES[("bf16_weights", model.norm)],
+                    EAGER_SAVED_BYTES[("autocast", model.norm)] + cast)
 
 
 def swiglu_kept_tensors(job: TrainingJob) -> int:
@@ -191,6 +199,20 @@ def loss_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts, per_logit: floa
     per_logit = loss_bytes_per_logit(job) if per_logit is None else per_logit
     T = lay.mbs * job.seq_len / lay.cp
     return per_logit * T * model.vocab_size / lay.tp
+
+
+def head_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """What the last stage holds, beyond its blocks' kept tensors, as its backward passes the
+    final norm, per micro-batch: the framework profile's head_bytes_per_element for the model's
+    norm, per residual-stream element (the last block's output, which no block keeps, the norm's
+    kept tensors and its backward's gradients); 0 for a norm the profile does not give. exaplan's
+    eager norms, measured with MemTracker on the runtime (tests/runtime/test_step_memory.py)
+    with an fp32 stream (fp32 weights, with or without autocast): RMSNorm 24 bytes (fp32
+    inside), LayerNorm 12; with 16-bit weights 22 and 6. With a protein vocabulary the loss
+    holds far less than this."""
+    given = getattr(getattr(job, "framework", None), "head_bytes_per_element", None) or {}
+    T = lay.mbs * job.seq_len / lay.cp
+    return np.where(lay.sp == 1, T / lay.tp, T) * model.hidden * float(given.get(model.norm, 0.0))
 
 
 def autocast_on_fp32_weights(job: TrainingJob, lay: Layouts) -> np.ndarray:
@@ -271,17 +293,18 @@ def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     """(bytes per in-flight micro-batch, fixed bytes) of activations on the busiest rank.
     Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only,
     fp32 under autocast_on_fp32_weights; selective drops the attention scores; selective-op
-    keeps op_kept_bytes). Fixed: the larger of what the loss holds (loss_bytes, `per_logit`
-    bytes a logit) and what the last block's backward adds: its MLP's gradients
-    (backward_temporaries_bytes) and, under full or selective-op recompute, its recomputed
-    working set less what it kept (the kept tensors are part of it, counted once). The two
-    never coexist: the loss's backward frees the logits and their gradient first."""
+    keeps op_kept_bytes). Fixed: the largest of what the loss holds (loss_bytes, `per_logit`
+    bytes a logit), what the final norm's backward holds (head_bytes) and what the last
+    block's backward adds: its MLP's gradients (backward_temporaries_bytes) and, under full or
+    selective-op recompute, its recomputed working set less what it kept (the kept tensors
+    are part of it, counted once). The three never coexist: backward passes the loss, then
+    the norm, then the blocks, each freeing what it held."""
     block = backward_tail_bytes(model, machine, job, lay)  # what a block keeps without recompute, its working set with it
     full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
     kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
     per_microbatch = np.ceil(model.layers / lay.pp) * kept
     working = np.where(full | op, np.maximum(block - kept, 0.0), 0.0) + backward_temporaries_bytes(model, job, lay)
-    return per_microbatch, np.maximum(working, loss_bytes(model, job, lay, per_logit))
+    return per_microbatch, np.maximum(np.maximum(working, loss_bytes(model, job, lay, per_logit)), head_bytes(model, job, lay))
 
 
 def buffer_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:

@@ -318,6 +318,9 @@ class FrameworkProfile(Spec):
     loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
         12.0, description="Memory the loss holds per logit (torch's eager cross-entropy 12; Megatron's vocab-parallel "
                          "or a fused kernel 4): planner/cost/memory.py.")
+    head_bytes_per_element: dict[Literal["rmsnorm", "layernorm"], Annotated[float, Field(ge=0, le=100)]] = Field(
+        default_factory=lambda: {"rmsnorm": 24.0, "layernorm": 12.0}, description="By norm: memory the last stage holds as backward passes the final "
+        "norm, beyond the blocks' kept tensors, per residual-stream element (planner/cost/memory.py head_bytes); a norm not given: not counted.")
     swiglu_kept_tensors: Literal[3, 4] = Field(
         4, description="ffn-wide tensors a SwiGLU block keeps for backward: 4 op by op (gate, up, silu(gate), product; "
                        "torch eager), 3 fused (gate and up, product: Megatron's bias_swiglu): planner/cost/memory.py.")
@@ -373,12 +376,9 @@ class FrameworkProfile(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> "FrameworkProfile":
-        if not self.ddp_buckets_mb:
-            raise ValueError("ddp_buckets_mb: at least one bucket size")
-        if not self.shardings:
-            raise ValueError("shardings: at least one sharding")
-        if not self.precisions:
-            raise ValueError("precisions: at least one precision")
+        for name, what in (("ddp_buckets_mb", "bucket size"), ("shardings", "sharding"), ("precisions", "precision")):
+            if not getattr(self, name):
+                raise ValueError(f"{name}: at least one {what}")
         return self
 
     def offers(self) -> str:
