@@ -68,11 +68,17 @@ def _total(snapshot) -> int:
     return sum(v["Total"] for v in snapshot.values())
 
 
-def _predicted(spec: ModelSpec, level: str) -> float:
-    """The planner's peak less its reserve and the DDP buckets a dp size of 1 has not."""
+def _job_and_layout(level: str) -> tuple[TrainingJob, Layouts]:
+    """The measured step as the planner sees it: one rank, one micro-batch, bf16."""
     job = TrainingJob(global_batch=MBS, seq_len=SEQ, precision=Precision.bf16, framework=load_framework("exaplan"))
     lay = Layouts(pp=np.array([1]), dp_replicate=1, dp_shard=1, cp=1, tp=1, mbs=MBS, gas=1, vpp=1,
                   schedule=SC_NONE, sharding=SH_NONE, recompute=LEVELS[level], sp=0)
+    return job, lay
+
+
+def _predicted(spec: ModelSpec, level: str) -> float:
+    """The planner's peak less its reserve and the DDP buckets a dp size of 1 has not."""
+    job, lay = _job_and_layout(level)
     mem = evaluate(spec, load_machine("dgx-h100"), job, lay).memory
     return float(mem.total[0] - mem.reserve[0] - mem.buffers[0])
 
@@ -107,10 +113,7 @@ def test_the_final_norms_backward_holds_what_the_profile_says(norm, weights):
     norm_peak = _total(stats["ProteinLM.norm"][_ModState.PEAK_BW][-1])
     elements = MBS * SEQ * spec.hidden
     per_element = (norm_peak - last_block + elements * (4 if weights == "autocast" else 2)) / elements
-    job = TrainingJob(global_batch=MBS, seq_len=SEQ, precision=Precision.bf16, framework=load_framework("exaplan"))
-    lay = Layouts(pp=np.array([1]), dp_replicate=1, dp_shard=1, cp=1, tp=1, mbs=MBS, gas=1, vpp=1,
-                  schedule=SC_NONE, sharding=SH_NONE, recompute=RC_NONE, sp=0)
-    counted = float(head_bytes(spec, job, lay)[0]) / elements
+    counted = float(head_bytes(spec, *_job_and_layout("none"))[0]) / elements
     assert counted == load_framework("exaplan").head_bytes_per_element[norm]
     if weights == "autocast":
         assert per_element == pytest.approx(counted, abs=0.25)
