@@ -356,7 +356,9 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True, leave
     if leave_one_out_errors:
         _add_leave_one_out(rows, runs, on_fold)
     if write:
-        fit_files.write_fit(fit, fit_notes(rows, cal.at_bounds(fit)), path)
+        bounds, shared = cal.at_bounds(fit), cal.shared_notes(fit)
+        notes = fit_notes(rows, {k: bounds.get(k, []) + shared.get(k, []) for k in {*bounds, *shared}})
+        fit_files.write_fit(fit, notes, path)
         if leave_one_out_errors:
             profile = {r.id: r.profile for r in runs}
             held = {PROFILE_OF[fw]: [n for g, n in fit.held if g == fw] for fw, _ in fit.held}
