@@ -167,6 +167,17 @@ def microbatches_in_flight(pp, gas, vpp, schedule) -> np.ndarray:
     return np.where(schedule == SC_NONE, 1.0, out)
 
 
+def microbatches_in_flight_last(pp, gas, vpp, schedule) -> np.ndarray:
+    """Micro-batches whose activations the last pipeline rank (the loss's) holds at once: 1 in
+    1F1B (each backward follows its forward), all in GPipe, and ((v-1) pp + 1) / v in
+    interleaved 1F1B (its warm-up, (v-1) pp chunk-forwards, plus one: Narayanan et al. 2021's
+    schedule as Megatron-LM runs it, for the rank whose chunks hold a stage's layers each)."""
+    p, m, v = (np.asarray(x, dtype=np.float64) for x in (pp, gas, vpp))
+    out = np.where(schedule == SC_GPIPE, m, np.minimum(1.0, m))
+    out = np.where(schedule == SC_INTERLEAVED, np.minimum(((v - 1) * p + 1) / v, m), out)
+    return np.where(schedule == SC_NONE, 1.0, out)
+
+
 # Bytes one logit costs at the loss, where a step's memory peaks (every kept activation of
 # the last micro-batch alive), by how the framework computes the loss:
 #   eager: torch's cross_entropy on an fp32 copy of the logits (exaplan's runtime,
@@ -288,9 +299,29 @@ def op_kept_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay
     return kept_input_bytes(model, job, lay) + gemms + reduce_scatters + core
 
 
+def activation_parts(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts,
+                     per_logit: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bytes per in-flight micro-batch, the last block's backward working set, the fixed bytes
+    of the last stage): activation_bytes with the first stage's fixed part (a block's backward,
+    no loss or final norm) apart from the last stage's (the largest of that, the loss's and the
+    final norm's), for a pipeline whose ranks hold different numbers of micro-batches."""
+    per_microbatch, fixed = activation_bytes(model, machine, job, lay, per_logit)
+    return per_microbatch, _backward_working_bytes(model, machine, job, lay), fixed
+
+
+def _backward_working_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """What the last block's backward adds to the kept tensors: its MLP's gradients and, under
+    full or selective-op recompute, its recomputed working set less what it kept."""
+    block = backward_tail_bytes(model, machine, job, lay)
+    full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
+    kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
+    return np.where(full | op, np.maximum(block - kept, 0.0), 0.0) + backward_temporaries_bytes(model, job, lay)
+
+
 def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts,
                      per_logit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes per in-flight micro-batch, fixed bytes) of activations on the busiest rank.
+    """(bytes per in-flight micro-batch, fixed bytes) of activations on the last stage (with one
+    stage, the only one; the others' fixed bytes: activation_parts).
     Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only,
     fp32 under autocast_on_fp32_weights; selective drops the attention scores; selective-op
     keeps op_kept_bytes). Fixed: the largest of what the loss holds (loss_bytes, `per_logit`
@@ -303,7 +334,7 @@ def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
     kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
     per_microbatch = np.ceil(model.layers / lay.pp) * kept
-    working = np.where(full | op, np.maximum(block - kept, 0.0), 0.0) + backward_temporaries_bytes(model, job, lay)
+    working = _backward_working_bytes(model, machine, job, lay)
     return per_microbatch, np.maximum(np.maximum(working, loss_bytes(model, job, lay, per_logit)), head_bytes(model, job, lay))
 
 

@@ -31,11 +31,12 @@ from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs
 from planner.cost.layout import RC_FULL, RC_OP, SH_ZERO1, SH_ZERO2, Layouts, Space
 from planner.cost.memory import (
     MemoryParts,
-    activation_bytes,
+    activation_parts,
     backward_tail_bytes,
     backward_temporaries_bytes,
     copies_never_held,
     microbatches_in_flight,
+    microbatches_in_flight_last,
     reserve_bytes,
 )
 from planner.cost.pipeline import chunk_bottleneck
@@ -119,7 +120,8 @@ class UnitCosts:
     cp_mb: np.ndarray
     pp_mb: np.ndarray
     act_per_mb: np.ndarray  # activation bytes per in-flight micro-batch
-    act_fixed: np.ndarray
+    act_fixed: np.ndarray  # the last stage's fixed activation bytes (loss, final norm, a block's backward)
+    act_working: np.ndarray  # the other stages': a block's backward alone (memory.activation_parts)
     act_tail: np.ndarray  # activation bytes alive as a backward pass ends (memory.backward_tail_bytes)
 
 
@@ -164,7 +166,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     pl_pp = comm.place(u.pp, u.dp * u.cp * t, tiers)
     pp_bytes = np.where((u.sp == 1) | job.framework.pp_sends_split_over_tp, M_act / t, M_act)
     pp_mb = np.where(u.pp > 1, 2 * v * comm.point_to_point(pp_bytes, pl_pp.alpha_s, pl_pp.beta_Bps) * (1 - ov.pp), 0.0)
-    act_per_mb, act_fixed = activation_bytes(model, machine, job, u)
+    act_per_mb, act_working, act_fixed = activation_parts(model, machine, job, u)
     compute_mb = load * v * fb_layer + compute.framework_overhead_s(machine, blocks_on_rank, u.recompute, u.tp)
     if job.reference_in_step:
         # The frozen reference model's forward over the same sequences (no backward, no
@@ -173,7 +175,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     # On a GPU a micro-batch takes at least the host's time to launch its operators.
     compute_mb = np.maximum(compute_mb, compute.launch_floor_s(machine, job, blocks_on_rank, u.recompute,
                                                                job.reference_in_step))
-    return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed,
+    return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed, act_working,
                      backward_tail_bytes(model, machine, job, u) + backward_temporaries_bytes(model, job, u))
 
 
@@ -329,7 +331,10 @@ def _row_memory(machine: MachineModel, job: TrainingJob, space: Space, U: UnitCo
     forward's. Compiled blocks under full or selective-op recompute hold no copies at all
     (memory.copies_never_held): the parameters are shown without them."""
     units, u, mi = space.units, R.u, R.mi
-    acts = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_fixed[u]
+    # The first stage holds the most micro-batches, the last one the loss and the final norm.
+    first = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_working[u]
+    last = U.act_per_mb[u] * microbatches_in_flight_last(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_fixed[u]
+    acts = np.maximum(first, last)
     grads = M.gradients[mi]
     copies = np.where(copies_never_held(job, units.recompute[u]), 0.0, M.autocast_copies[mi])
     params = M.parameters[mi] - (M.autocast_copies[mi] - copies)

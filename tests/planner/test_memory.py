@@ -29,7 +29,7 @@ from planner.cost.layout import (
 )
 from planner.cost.step import evaluate
 from planner.presets import get_model
-from planner.schema.specs import Precision, TrainingJob
+from planner.schema.specs import ModelSpec, Precision, TrainingJob
 
 GIB = 2.0**30
 TIGHT = dict(rel=1e-12)
@@ -294,11 +294,35 @@ def test_gpipe_holds_more_activations_than_1f1b():
         lay(pp=4, dp_replicate=2, mbs=1, gas=16, schedule=SC_INTERLEAVED, vpp=2),
     ])
     acts = evaluate(m, mach, j, L).memory.activations
-    per_mb, fixed = memory.activation_bytes(m, mach, j, L)
+    per_mb, working, fixed = memory.activation_parts(m, mach, j, L)
+    # GPipe: every stage holds all 16, the last one the loss and final norm besides; 1F1B and
+    # interleaved: the first stage's micro-batches outweigh the last stage's one (or 3.5 / 2).
     assert acts[0] == pytest.approx(16 * per_mb[0] + fixed[0], **TIGHT)
-    assert acts[1] == pytest.approx(4 * per_mb[1] + fixed[1], **TIGHT)
-    assert acts[2] == pytest.approx(5.5 * per_mb[2] + fixed[2], **TIGHT)
+    assert acts[1] == pytest.approx(4 * per_mb[1] + working[1], **TIGHT)
+    assert acts[2] == pytest.approx(5.5 * per_mb[2] + working[2], **TIGHT)
     assert acts[0] > acts[2] > acts[1]
+
+
+def test_last_stage_holds_the_loss_and_first_stage_the_micro_batches():
+    """With a pipeline the loss and the final norm sit on the last stage, which holds one
+    micro-batch in 1F1B ((v-1) pp + 1 chunk-micro-batches interleaved), not on the first with
+    its pp: a large vocabulary makes the last stage the peak, a small one the first."""
+    f = memory.microbatches_in_flight_last
+    assert float(f(4, 16, 1, SC_1F1B)) == 1.0 and float(f(4, 16, 1, SC_GPIPE)) == 16.0
+    assert float(f(4, 16, 2, SC_INTERLEAVED)) == pytest.approx((1 * 4 + 1) / 2, **TIGHT)
+    assert float(f(1, 8, 1, SC_NONE)) == 1.0
+    mach = load_machine("dgx-h100")
+    small = get_model("protein-3.5b")
+    big_vocab = ModelSpec.model_validate({**small.model_dump(), "name": "big-vocab", "vocab_size": 256_000, "layers": 8})
+    j = job(gb=32)
+    L = lay(pp=4, dp_replicate=2, mbs=1, gas=16, schedule=SC_1F1B)
+    for m in (small, big_vocab):
+        per_mb, working, fixed = memory.activation_parts(m, mach, j, L)
+        first, last = 4 * per_mb[0] + working[0], per_mb[0] + fixed[0]
+        assert evaluate(m, mach, j, L).memory.activations[0] == pytest.approx(max(first, last), **TIGHT)
+        assert evaluate(m, mach, j, L).memory.activations[0] < 4 * per_mb[0] + fixed[0]  # never both at once
+    per_mb, working, fixed = memory.activation_parts(big_vocab, mach, j, L)
+    assert per_mb[0] + fixed[0] > 4 * per_mb[0] + working[0]  # the loss's logits outweigh three micro-batches
 
 
 # --- the fit check -------------------------------------------------------------------------------
