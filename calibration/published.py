@@ -134,8 +134,9 @@ def _section_b() -> list[PublishedRun]:
 SOURCE_C = "MosaicML llm-foundry, scripts/train/benchmarking/README.md, H100 80GB BF16 table"
 NOTE_C = (
     "Tokens/s per GPU (the table's MFU is the same measurement under llm-foundry's 6N + 12 l h s "
-    "FLOPs per token). FSDP FULL_SHARD over all GPUs, flash attention (flash-attn 1.0.9, the default of "
-    "llm-foundry's gpu extra in October 2023; FlashAttention-2 was opt-in: assumed), bf16 autocast, llm-foundry's "
+    "FLOPs per token). FSDP FULL_SHARD over all GPUs, FlashAttention in Triton (attn_impl: triton, the MPT "
+    "yamls' and submit_benchmarks.py's setting until March 2024: flash-attn's flash_attn_triton.py, by its docstring "
+    "'slightly slower than' flash-attn 1.x forward + backward, charged at 1.x's speed), bf16 autocast, llm-foundry's "
     "default loss (flash-attn's fused cross-entropy over 16-bit logits: fused_loss)."
 )
 NOTE_C_FILLED = (

@@ -133,8 +133,8 @@ SOURCE_H = ("MosaicML llm-foundry, scripts/train/benchmarking/README.md, 'A100 8
 NOTE_H = (
     "Tokens/s per GPU (the table's MFU is the same measurement under llm-foundry's 6N + 12 l h s FLOPs per "
     "token). Every layout field is a column of the table: micro-batch, gradient accumulation, global batch, "
-    "FULL_SHARD over all GPUs, activation checkpointing. Flash attention (flash-attn 1.0.9, the default of "
-    "llm-foundry's gpu extra in October 2023, FlashAttention-2 opt-in: assumed), bf16 (amp_bf16; the 70b rows "
+    "FULL_SHARD over all GPUs, activation checkpointing. FlashAttention in Triton (attn_impl: triton, as section C; "
+    "charged at flash-attn 1.x's speed), bf16 (amp_bf16; the 70b rows "
     "pure bf16), llm-foundry's default loss (flash-attn's fused cross-entropy: fused_loss). 8 A100 80GB per node with 1600 Gbps RoCE between nodes, as the dgx-a100-80gb preset "
     "(8 x 200 Gb/s)."
 )

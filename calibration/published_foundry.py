@@ -14,7 +14,7 @@ but the machine preset.
 What the rows share (llm-foundry's benchmark setup, scripts/train/benchmarking/submit_benchmarks.py
 and the MPT yamls of scripts/train/yamls/pretrain/): MPT (4d GELU MLP, LayerNorm, vocabulary
 50368, tied embeddings, learned position embeddings, which change no FLOP count),
-FlashAttention (attn_impl flash: flash-attn 1.x, below), PyTorch FSDP with FULL_SHARD or SHARD_GRAD_OP over all GPUs,
+FlashAttention in Triton (attn_impl triton, below), PyTorch FSDP with FULL_SHARD or SHARD_GRAD_OP over all GPUs,
 activation checkpointing of every block when the table says so (full recompute; whether the
 replay stopped before each block's last GEMM depends on the torch the row ran: EARLY_STOP below).
 Mixed precision: `amp_bf16` with FSDP's DEFAULT policy reduces gradients in fp32 (the
@@ -54,10 +54,14 @@ MPT_SHAPES = {
     "70b": (80, 8192, 64),
 }
 # The source's tables: their machine preset and what the record had to choose.
-# The attention kernel: llm-foundry's `gpu` extra (setup.py) installed flash-attn 1.x when
-# every table was measured (1.0.3 in May 2023, 1.0.9 in October 2023 and January 2024;
-# FlashAttention-2 was the opt-in `gpu-flash2` extra). The 40GB table predates
-# FlashAttention-2's release (July 2023); for the later ones the default is assumed.
+# The attention kernel: `attn_impl: triton` in the MPT yamls (scripts/train/yamls/pretrain/) and
+# as submit_benchmarks.py's default (`--attn_impl`, 'triton' until v0.7.0, March 2024, after every
+# table), so every table ran FlashAttention in Triton (llmfoundry/models/layers/flash_attn_triton.py,
+# a copy of flash-attn's flash_attn_triton.py, on triton-pre-mlir; on torch 1.13 flash-attn 1.0.x's
+# own copy): "Triton forward is generally faster than CUDA forward, while Triton backward is
+# generally slower ... Overall Triton forward + backward is slightly slower than CUDA forward +
+# backward" (its docstring, against flash-attn 1.x). Charged at flash-attn 1.x's speed (the field
+# below; earlier records took flash-attn 1.x itself, the `gpu` extra's, as the kernel).
 KERNEL = "flash_attention_v1"
 # Full recompute: the benchmark script sets activation_checkpointing_reentrant False (torch's
 # non-reentrant checkpoint_wrapper), whose replay stops before each block's last GEMM since

@@ -132,7 +132,8 @@ class PublishedRun(Spec):
     grad_reduce_bf16: bool = Field(False, description="Gradients reduced in bf16 (FSDP's PURE mixed precision) instead of the profile's dtype.")
     grad_reduce_fp32: bool = Field(False, description="Gradients reduced in fp32 instead of the profile's dtype (DeepSpeed's BF16_Optimizer, "
                                                       "bf16 at ZeRO stage 0, accumulates and allreduces fp32 gradients).")
-    flash_attention_v1: bool = Field(False, description="The fused attention kernel is flash-attn 1.x, about half FlashAttention-2's speed "
+    flash_attention_v1: bool = Field(False, description="The fused attention kernel is flash-attn 1.x or one as fast (llm-foundry's Triton "
+                                                        "FlashAttention), about half FlashAttention-2's speed "
                                                         "(Dao 2023): the job's attention_kernel_speed 0.5.")
     recompute_early_stop: bool | None = Field(None, description="Full recompute stops before each block's last GEMM (torch's non-reentrant checkpoint "
                                                                "since 2.1): set where the run's software differs from its profile's; None: the profile's.")
