@@ -58,12 +58,18 @@ class ZeroCollectives:
     grads_allreduced: bool = False  # each gradient bucket allreduced (not reduce-scattered)
     gather_hidden: bool = True  # the weights' all-gather may run under the next forward
     gather_calls: int = 1  # all-gathers of the weights a step (one per parameter group)
+    # The allreduced gradients (S: DDP, HSDP, allreducing ZeRO) may run under the last backward
+    # with a pipeline too; False: only after the pipeline has flushed, under no compute.
+    allreduce_hidden_in_pipeline: bool = True
 
 
 # Frameworks whose ZeRO-1/2 differ from the default (reduce-scatter per bucket, all-gather
 # that may hide under the forward), by profile name: FrameworkProfile has no field for it
-# yet. DeepSpeed: see the module docstring.
-ZERO_COLLECTIVES = {"deepspeed": ZeroCollectives(grads_allreduced=True, gather_hidden=False, gather_calls=2)}
+# yet. DeepSpeed: see the module docstring; its pipeline engine reduces the gradients in the
+# ReduceGrads instruction that TrainSchedule issues after the last micro-batch's backward
+# (deepspeed/runtime/pipe/schedule.py, engine.py _exec_reduce_grads), with no compute left.
+ZERO_COLLECTIVES = {"deepspeed": ZeroCollectives(grads_allreduced=True, gather_hidden=False, gather_calls=2,
+                                                 allreduce_hidden_in_pipeline=False)}
 
 
 @dataclass

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost import comm, compute, flops
-from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs
+from planner.cost.dp import DDP_BUCKETS_MB, ZERO_COLLECTIVES, MeshCosts, ZeroCollectives, mesh_costs
 from planner.cost.layout import RC_FULL, RC_OP, SH_ZERO1, SH_ZERO2, Layouts, Space
 from planner.cost.memory import (
     MemoryParts,
@@ -250,13 +250,16 @@ class _Rows:
     K_reps: np.ndarray
     S_reps: np.ndarray | None  # None: every S term once a step
     overlap: float  # machine.overlap.dp
+    s_bwd: np.ndarray  # per row: the compute S may run under (bwd_mb; 0 where the framework reduces after a pipeline's flush)
 
     @classmethod
-    def gather(cls, space: Space, U: UnitCosts, M: MeshCosts, overlap: float, dtype) -> "_Rows":
+    def gather(cls, space: Space, U: UnitCosts, M: MeshCosts, overlap: float, dtype,
+               pipeline_hides_s: bool = True) -> "_Rows":
         units, u, mi = space.units, space.unit, space.mesh
         m_u = units.gas.astype(dtype)
         m = m_u[u]
         fwd_mb = (U.compute_mb / 3.0)[u]
+        s_bwd = 2.0 * fwd_mb if pipeline_hides_s else np.where(units.pp[u] > 1, dtype(0.0), 2.0 * fwd_mb)
         return cls(
             u=u, mi=mi, m=m,
             repeats_u=m_u + ((units.pp - 1) / units.vpp).astype(dtype),
@@ -265,7 +268,7 @@ class _Rows:
             F_reps=np.where(M.F_per_mb[mi], m, dtype(1.0)),
             K_reps=np.where(M.K_per_mb[mi], m, dtype(1.0)),
             S_reps=np.where(M.S_per_mb[mi], m, dtype(1.0)) if M.S_per_mb.any() else None,
-            overlap=overlap,
+            overlap=overlap, s_bwd=s_bwd,
         )
 
     def dp_exposed(self, M: MeshCosts, r: int) -> np.ndarray:
@@ -276,7 +279,7 @@ class _Rows:
 
     def s_exposed(self, St: np.ndarray, Sf: np.ndarray) -> np.ndarray:
         """Exposed S traffic (under the last backward, or every backward) of one bucket size."""
-        exposed = np.maximum(St[self.mi] - self.overlap * self.bwd_mb, Sf[self.mi])
+        exposed = np.maximum(St[self.mi] - self.overlap * self.s_bwd, Sf[self.mi])
         return exposed if self.S_reps is None else self.S_reps * exposed
 
     def step(self, M: MeshCosts, tp_mb_u: np.ndarray, dp: np.ndarray, s_cost: np.ndarray) -> np.ndarray:
@@ -394,7 +397,8 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
         # The search ranks in float32 (half the memory traffic per row); the finalists are
         # re-scored in float64 by `evaluate`.
         U, M = _cast(U, np.float32), _cast(M, np.float32)
-    R = _Rows.gather(space, U, M, machine.overlap.dp, np.float64 if detail else np.float32)
+    zc = ZERO_COLLECTIVES.get(job.framework.name, ZeroCollectives())
+    R = _Rows.gather(space, U, M, machine.overlap.dp, np.float64 if detail else np.float32, zc.allreduce_hidden_in_pipeline)
     best = _best_choices(R, U, M, space.units.sp, algos, fast, detail)
     params, grads, acts, reserve, total, fits = _row_memory(machine, job, space, U, M, R)
     layouts_scored = len(space) * len(algos[0]) * len(algos[1])

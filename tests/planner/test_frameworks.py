@@ -75,6 +75,20 @@ def test_bf16_gradient_reduction_halves_the_traffic():
     assert t16 < 0.6 * t32
 
 
+@pytest.mark.parametrize("name, pp, hides", [("deepspeed", 4, False), ("deepspeed", 1, True), ("megatron", 4, True)])
+def test_deepspeeds_pipeline_reduces_gradients_after_the_flush(name, pp, hides):
+    """DeepSpeed's pipeline engine allreduces the gradients after the last backward
+    (ReduceGrads): no overlap figure hides them there; without a pipeline, or under
+    Megatron's, the overlap figure does."""
+    lay = Layouts.one(dp=64 // (4 * pp), mbs=8, gas=4, tp=4, pp=pp, sharding="zero1")
+    exposed = []
+    for overlap in (0.0, 1.0):
+        profile = load_framework(name).model_copy(update={"overlap_dp": overlap})
+        model, machine, job = _job(profile)
+        exposed.append(float(evaluate(model, machine, job, lay).dp_s[0]))
+    assert (exposed[1] < 0.9 * exposed[0]) == hides, exposed
+
+
 def test_a_framework_refuses_what_it_does_not_run():
     megatron = load_framework("megatron")
     assert framework_problems(megatron, Layouts.one(dp=8, mbs=1, sharding="zero1")) == []
