@@ -27,6 +27,7 @@ from machine_models import DEVICE_KINDS_FILE
 from calibration import fit_files, fit_published as cal, gemm_benchmarks
 from planner.cost.step import evaluate
 from calibration.published import PROFILE_OF, PublishedRun, held_out_runs, published_runs
+from machine_models.uncertainty import QUANTILE
 from planner.schema.specs import MachineModel
 
 
@@ -54,6 +55,11 @@ class ValidationRow:
     assumed: list[str] = field(default_factory=list)
     loo_predicted: float | None = None
     loo_error: float | None = None
+    # The prediction's interval in the run's unit, as `plan` and `estimate` would show it
+    # (machine_models/uncertainty.py: its device kind's and framework's leave-one-out p80),
+    # and whether the published figure lies in it.
+    interval: tuple[float, float] | None = None
+    inside_interval: bool | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,7 +92,11 @@ def shipped_machine(run: PublishedRun, machine: MachineModel,
 
 
 def _row(run: PublishedRun, machine: MachineModel) -> ValidationRow:
+    from machine_models.uncertainty import uncertainty_of
+
     predicted, ev = predict(run, machine)
+    u = uncertainty_of(machine, run.job().framework)
+    lo, hi = u.time_interval(predicted) if run.kind == "iteration_time_s" else u.rate_interval(predicted)
     return ValidationRow(
         id=run.id, section=run.section, model=run.model.name, machine=run.machine, device=machine.device_name,
         framework=run.framework, gpus=run.gpus, kind=run.kind, unit=run.unit,
@@ -94,6 +104,7 @@ def _row(run: PublishedRun, machine: MachineModel) -> ValidationRow:
         published=run.figure, predicted=predicted, error=predicted / run.figure - 1.0, step_time_s=float(ev.step_time_s[0]),
         breakdown_s={k: float(getattr(ev, k)[0]) for k in ("compute_s", "bubble_s", "tp_s", "dp_s", "pp_s", "optimizer_s")},
         fits_memory=bool(ev.memory.fits[0]), assumed=list(run.assumed),
+        interval=(lo, hi), inside_interval=bool(lo <= run.figure <= hi),
     )
 
 
@@ -208,11 +219,11 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
     if held_out:
         listed = [r for r in held_out if list_all or r.section not in SUMMARISED_SECTIONS]
         console.print(_table("Held out (never fitted): predicted vs published", listed))
-        console.print(_summary_line("held-out rows", listed))
+        console.print(_summary_line("held-out rows", listed, coverage=True))
         foundry = [r for r in held_out if r.section == "L"]
         if foundry:
             console.print(_foundry_table(foundry))
-            console.print(_summary_line("section L (every row: --json)", foundry))
+            console.print(_summary_line("section L (every row: --json)", foundry, coverage=True))
     if searched:
         console.print(_searched_table(searched, {r.id: r for r in rows + (held_out or [])}))
     if any(r.assumed for r in rows + (held_out or [])):
@@ -244,14 +255,16 @@ def _foundry_table(rows: list[ValidationRow]):
     from rich.table import Table
 
     table = Table(title="Held out: llm-foundry's whole benchmark tables (section L), |error| by table and sequence")
-    for col in ("table", "rows", "median", "max", "mean (signed)", "median, seq < 8k", "median, seq >= 8k"):
+    for col in ("table", "rows", "median", "max", "mean (signed)", "median, seq < 8k", "median, seq >= 8k",
+                "inside interval"):
         table.add_column(col, justify="left" if col == "table" else "right")
     for name, bands in foundry_groups(rows).items():
         cells = [f"{100 * summary(part)[0]:.1f}%" if part else "-" for band, part in bands.items() if band != "all"]
         med, worst = summary(bands["all"])
         mean = float(np.mean([r.error for r in bands["all"]]))
+        inside = interval_coverage(bands["all"])
         table.add_row(name, str(len(bands["all"])), f"{100 * med:.1f}%", f"{100 * worst:.1f}%", f"{100 * mean:+.1f}%",
-                      *cells)
+                      *cells, "-" if inside is None else f"{100 * inside:.0f}%")
     return table
 
 
@@ -287,13 +300,25 @@ def _table(title: str, rows: list[ValidationRow]):
     return table
 
 
-def _summary_line(name: str, rows: list[ValidationRow]) -> str:
+def _summary_line(name: str, rows: list[ValidationRow], coverage: bool = False) -> str:
     med, worst = summary(rows)
     text = f"{name}: median |error| {100 * med:.1f}%, max {100 * worst:.1f}% over {len(rows)} rows"
     loo = loo_summary(rows)
     if loo:
         text += f"; leave-one-out median {100 * loo[0]:.1f}%, max {100 * loo[1]:.1f}%"
+    inside = interval_coverage(rows)
+    if coverage and inside is not None:
+        text += (f"; {round(inside * len(rows))} of {len(rows)} ({100 * inside:.0f}%) inside the interval a plan "
+                 f"would show (meant to hold {100 * QUANTILE:.0f}%)")
     return text
+
+
+def interval_coverage(rows: list[ValidationRow]) -> float | None:
+    """The fraction of rows whose published figure lies inside the prediction's interval (None
+    where no row has one). On held-out rows this checks the intervals themselves: they are the
+    QUANTILE of leave-one-out errors, so about that fraction should fall inside."""
+    marks = [r.inside_interval for r in rows if r.inside_interval is not None]
+    return float(np.mean(marks)) if marks else None
 
 
 def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | None = None,
@@ -328,6 +353,7 @@ def _summary_json(rows: list[ValidationRow]) -> dict:
         "max_abs_error": worst,
         "loo_median_abs_error": None if loo is None else loo[0],
         "loo_max_abs_error": None if loo is None else loo[1],
+        "inside_interval": interval_coverage(rows),
     }
 
 
