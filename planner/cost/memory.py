@@ -301,41 +301,31 @@ def op_kept_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay
 
 def activation_parts(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts,
                      per_logit: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(bytes per in-flight micro-batch, the last block's backward working set, the fixed bytes
-    of the last stage): activation_bytes with the first stage's fixed part (a block's backward,
-    no loss or final norm) apart from the last stage's (the largest of that, the loss's and the
-    final norm's), for a pipeline whose ranks hold different numbers of micro-batches."""
-    per_microbatch, fixed = activation_bytes(model, machine, job, lay, per_logit)
-    return per_microbatch, _backward_working_bytes(model, machine, job, lay), fixed
-
-
-def _backward_working_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:
-    """What the last block's backward adds to the kept tensors: its MLP's gradients and, under
-    full or selective-op recompute, its recomputed working set less what it kept."""
-    block = backward_tail_bytes(model, machine, job, lay)
-    full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
-    kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
-    return np.where(full | op, np.maximum(block - kept, 0.0), 0.0) + backward_temporaries_bytes(model, job, lay)
-
-
-def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts,
-                     per_logit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes per in-flight micro-batch, fixed bytes) of activations on the last stage (with one
-    stage, the only one; the others' fixed bytes: activation_parts).
+    """(bytes per in-flight micro-batch, the first stage's fixed bytes, the last stage's fixed
+    bytes) of activations; with one stage the last one's are its own.
     Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only,
     fp32 under autocast_on_fp32_weights; selective drops the attention scores; selective-op
-    keeps op_kept_bytes). Fixed: the largest of what the loss holds (loss_bytes, `per_logit`
-    bytes a logit), what the final norm's backward holds (head_bytes) and what the last
-    block's backward adds: its MLP's gradients (backward_temporaries_bytes) and, under full or
-    selective-op recompute, its recomputed working set less what it kept (the kept tensors
-    are part of it, counted once). The three never coexist: backward passes the loss, then
-    the norm, then the blocks, each freeing what it held."""
+    keeps op_kept_bytes). Fixed on every stage: what the last block's backward adds, its MLP's
+    gradients (backward_temporaries_bytes) and, under full or selective-op recompute, its
+    recomputed working set less what it kept (the kept tensors are part of it, counted once).
+    On the last stage, the largest of that, what the loss holds (loss_bytes, `per_logit` bytes
+    a logit) and what the final norm's backward holds (head_bytes): the three never coexist,
+    backward passes the loss, then the norm, then the blocks, each freeing what it held."""
     block = backward_tail_bytes(model, machine, job, lay)  # what a block keeps without recompute, its working set with it
     full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
     kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
     per_microbatch = np.ceil(model.layers / lay.pp) * kept
-    working = _backward_working_bytes(model, machine, job, lay)
-    return per_microbatch, np.maximum(np.maximum(working, loss_bytes(model, job, lay, per_logit)), head_bytes(model, job, lay))
+    working = np.where(full | op, np.maximum(block - kept, 0.0), 0.0) + backward_temporaries_bytes(model, job, lay)
+    last = np.maximum(np.maximum(working, loss_bytes(model, job, lay, per_logit)), head_bytes(model, job, lay))
+    return per_microbatch, working, last
+
+
+def activation_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts,
+                     per_logit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes per in-flight micro-batch, fixed bytes) of activations on the last pipeline stage
+    (with one stage, the only one): activation_parts without the first stage's fixed bytes."""
+    per_microbatch, _, last = activation_parts(model, machine, job, lay, per_logit)
+    return per_microbatch, last
 
 
 def buffer_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
