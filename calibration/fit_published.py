@@ -380,10 +380,13 @@ def machine_for(run: PublishedRun, machine: MachineModel, fit: Fit) -> MachineMo
 
 
 def leave_one_out(runs: list[PublishedRun] | None = None, ids: list[str] | None = None,
-                  workers: int | None = None, on_fold: Callable[[str], None] | None = None) -> dict[str, float]:
+                  workers: int | None = None, on_fold: Callable[[str], None] | None = None,
+                  fold_figures: dict[str, dict[str, float]] | None = None) -> dict[str, float]:
     """Run id -> its prediction by a whole fit on every other run (grid, gradient fit, scan), for
     the runs in `ids` (default: all); about 11 s per fold on one core at 46 rows. Folds run
-    one task each in `workers` processes (default: one per CPU); `on_fold(run id)` as each ends."""
+    one task each in `workers` processes (default: one per CPU); `on_fold(run id)` as each ends.
+    `fold_figures`, if given, receives run id -> the figures its fold predicted it with (its
+    device kind's and its framework's)."""
     runs = published_runs() if runs is None else list(runs)
     held = [r.id for r in runs if ids is None or r.id in ids]
     workers = max(1, min(workers or os.cpu_count() or 1, len(held)))
@@ -399,7 +402,9 @@ def leave_one_out(runs: list[PublishedRun] | None = None, ids: list[str] | None 
             futures = {pool.submit(_folds, [rid]): rid for rid in held}
             done = ((futures[f], f.result()) for f in as_completed(futures))
         for rid, part in done:
-            out.update(part)
+            out.update({k: pred for k, (pred, _) in part.items()})
+            if fold_figures is not None:
+                fold_figures.update({k: figs for k, (_, figs) in part.items()})
             if on_fold is not None:
                 on_fold(rid)
     finally:
@@ -413,7 +418,7 @@ _FOLD_RUNS: list[PublishedRun] | None = None  # set for the (forked) fold worker
 _FOLD_TIMES: StepTimes | None = None
 
 
-def _folds(held_ids: list[str]) -> dict[str, float]:
+def _folds(held_ids: list[str]) -> dict[str, tuple[float, dict[str, float]]]:
     runs, times = _FOLD_RUNS, _FOLD_TIMES
     out = {}
     for rid in held_ids:
@@ -424,5 +429,6 @@ def _folds(held_ids: list[str]) -> dict[str, float]:
             raise ValueError(f"{rid}: no other run on {device} to fit to")
         # A framework with no other row is predicted with its first guesses.
         framework = fit.framework.get(held.framework, FRAMEWORK_FIRST_GUESSES[held.framework])
-        out[rid] = times.figure(held, {**fit.device[device], **framework})
+        figures = {**fit.device[device], **framework}
+        out[rid] = (times.figure(held, figures), figures)
     return out

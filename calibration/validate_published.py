@@ -60,6 +60,10 @@ class ValidationRow:
     # and whether the published figure lies in it.
     interval: tuple[float, float] | None = None
     inside_interval: bool | None = None
+    # Fitted figures this row's leave-one-out fold moved by PINNED_SHIFT or more: name ->
+    # (with it, without it). A row that pins a figure is predicted from whatever the others
+    # make of it when left out, which is where large leave-one-out errors come from.
+    loo_moved: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,7 +135,7 @@ def validate_published(fitted: bool = True, *, refit: bool = False, leave_one_ou
         machines = [cal.first_guess_machine(shipped[r.machine], r.framework) for r in runs]
     rows = [_row(r, m) for r, m in zip(runs, machines)]
     if leave_one_out_errors:
-        _add_leave_one_out(rows, runs, on_fold)
+        _add_leave_one_out(rows, runs, machines, on_fold)
     return rows
 
 
@@ -171,11 +175,33 @@ def _shipped_rows(runs: list[PublishedRun]) -> list[ValidationRow]:
     return [_row(r, shipped_machine(r, shipped[r.machine], recorded)) for r in runs]
 
 
-def _add_leave_one_out(rows: list[ValidationRow], runs: list[PublishedRun], on_fold=None) -> None:
-    loo = cal.leave_one_out(runs, on_fold=on_fold)
-    for row in rows:
+def _add_leave_one_out(rows: list[ValidationRow], runs: list[PublishedRun], machines: list[MachineModel],
+                       on_fold=None) -> None:
+    """Each row's leave-one-out prediction and error, and the figures its fold moved (against
+    those of `machines`, the machines the rows were predicted on)."""
+    folds: dict[str, dict[str, float]] = {}
+    loo = cal.leave_one_out(runs, on_fold=on_fold, fold_figures=folds)
+    for row, machine in zip(rows, machines):
         row.loo_predicted = loo[row.id]
         row.loo_error = loo[row.id] / row.published - 1.0
+        row.loo_moved = moved_figures(cal.figures_of(machine, folds[row.id]), folds[row.id])
+
+
+# A fitted figure is "pinned" by a row when leaving the row out moves it by this fraction (the
+# fixed cost per step: by PINNED_SHIFT_S seconds).
+PINNED_SHIFT = 0.2
+PINNED_SHIFT_S = 0.02
+
+
+def moved_figures(full: dict[str, float], fold: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """The figures of `fold` that differ from `full` by PINNED_SHIFT or more: name -> (full, fold)."""
+    out = {}
+    for name, value in fold.items():
+        was = full[name]
+        shift = abs(value - was) >= PINNED_SHIFT_S if name == "step_overhead_s" else abs(value - was) >= PINNED_SHIFT * abs(was)
+        if shift:
+            out[name] = (was, value)
+    return out
 
 
 def summary(rows: list[ValidationRow]) -> tuple[float, float]:
@@ -216,6 +242,8 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
         console.print("  " + line)
     if all(r.loo_error is None for r in rows):
         console.print("leave-one-out (fit without each row, then predict it): `--loo`")
+    for line in pinned_lines(rows):
+        console.print(line)
     if held_out:
         listed = [r for r in held_out if list_all or r.section not in SUMMARISED_SECTIONS]
         console.print(_table("Held out (never fitted): predicted vs published", listed))
@@ -313,6 +341,19 @@ def _summary_line(name: str, rows: list[ValidationRow], coverage: bool = False) 
     return text
 
 
+def pinned_lines(rows: list[ValidationRow]) -> list[str]:
+    """The rows that pin a fitted figure (leaving them out moves it by PINNED_SHIFT or more),
+    largest leave-one-out error first: where the leave-one-out errors come from."""
+    pinned = sorted((r for r in rows if r.loo_moved), key=lambda r: -abs(r.loo_error or 0.0))
+    if not pinned:
+        return []
+    out = [f"rows that pin a fitted figure (left out, it moves by {100 * PINNED_SHIFT:.0f}% or more):"]
+    for r in pinned:
+        moved = ", ".join(f"{name} {was:.3g} -> {now:.3g}" for name, (was, now) in r.loo_moved.items())
+        out.append(f"  {r.id} (leave-one-out {100 * r.loo_error:+.1f}%): {r.device}/{r.framework} {moved}")
+    return out
+
+
 def interval_coverage(rows: list[ValidationRow]) -> float | None:
     """The fraction of rows whose published figure lies inside the prediction's interval (None
     where no row has one). On held-out rows this checks the intervals themselves: they are the
@@ -378,9 +419,10 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True, leave
     runs = published_runs()
     machines = cal.machines_of(runs)
     fit = cal.fit_published(runs, times=cal.StepTimes(machines))
-    rows = [_row(r, cal.machine_for(r, machines[r.machine], fit)) for r in runs]
+    fitted = [cal.machine_for(r, machines[r.machine], fit) for r in runs]
+    rows = [_row(r, m) for r, m in zip(runs, fitted)]
     if leave_one_out_errors:
-        _add_leave_one_out(rows, runs, on_fold)
+        _add_leave_one_out(rows, runs, fitted, on_fold)
     if write:
         bounds, shared = cal.at_bounds(fit), cal.shared_notes(fit)
         notes = fit_notes(rows, {k: bounds.get(k, []) + shared.get(k, []) for k in {*bounds, *shared}})

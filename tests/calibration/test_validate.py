@@ -356,11 +356,32 @@ def test_leave_one_out_of_two_rows_in_two_processes_reports_each_fold():
     """Two folds in two forked workers; on_fold hears of each as it ends. Over the 14 FSDP rows
     (C, D, H: two device kinds, one framework), a fit of a few seconds, not the 46 rows' minute."""
     runs = [r for r in published_runs() if r.section in "CDH"]
-    ids, seen = ["D-llama2-70b", "C-mpt-30b"], []
-    loo = cal.leave_one_out(runs=runs, ids=ids, workers=2, on_fold=seen.append)
-    assert sorted(loo) == sorted(seen) == sorted(ids)
+    ids, seen, folds = ["D-llama2-70b", "C-mpt-30b"], [], {}
+    loo = cal.leave_one_out(runs=runs, ids=ids, workers=2, on_fold=seen.append, fold_figures=folds)
+    assert sorted(loo) == sorted(seen) == sorted(folds) == sorted(ids)
     assert all(math.isfinite(v) and v > 0 for v in loo.values())
     assert abs(loo["D-llama2-70b"] / 380.0 - 1) < 0.15
+    assert set(folds["C-mpt-30b"]) == set(cal.DEVICE_FIGURES) | set(cal.FRAMEWORK_FIGURES)
+    # the fold's figures predict its row: the same prediction from them again
+    run = next(r for r in runs if r.id == "C-mpt-30b")
+    times = cal.StepTimes(cal.machines_of(runs))
+    assert times.figure(run, folds["C-mpt-30b"]) == pytest.approx(loo["C-mpt-30b"])
+
+
+def test_a_row_that_pins_a_figure_is_named_with_the_figure():
+    """moved_figures keeps the figures a fold moved by PINNED_SHIFT or more (the fixed cost per
+    step by PINNED_SHIFT_S seconds); the report names the row, its kind and the move."""
+    from calibration.validate_published import PINNED_SHIFT, moved_figures, pinned_lines
+
+    full = {"elementwise_efficiency": 0.33, "peak_fraction": 0.68, "step_overhead_s": 0.0, "overlap_dp": 0.5}
+    fold = {"elementwise_efficiency": 0.20, "peak_fraction": 0.68 * (1 + PINNED_SHIFT / 2), "step_overhead_s": 0.03,
+            "overlap_dp": 0.5}
+    assert moved_figures(full, fold) == {"elementwise_efficiency": (0.33, 0.20), "step_overhead_s": (0.0, 0.03)}
+    rows = validate_published()
+    assert pinned_lines(rows) == []  # no leave-one-out: nothing to say
+    rows[0].loo_error, rows[0].loo_moved = -0.184, {"elementwise_efficiency": (0.33, 0.20)}
+    lines = pinned_lines(rows)
+    assert len(lines) == 2 and rows[0].id in lines[1] and "-18.4%" in lines[1] and "0.33 -> 0.2" in lines[1]
 
 
 def test_write_fit_keeps_comments_and_is_read_back(tmp_path, monkeypatch, fit):
