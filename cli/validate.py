@@ -12,8 +12,9 @@ from cli.common import add_json_option, console, print_json
 def add_parser(sub) -> None:
     v = sub.add_parser("validate", help="compare predictions with published training runs, local runs or GPU kernels",
                        description="--published: predict every published run (calibration/published.py) and print "
-                                   "predicted vs published with the error, its median and max, and optionally "
-                                   "leave-one-out errors. --local: run at least 10 layouts on this machine through "
+                                   "predicted vs published with the error, its median and max, how often the held-out "
+                                   "rows fall inside the interval a plan would show, and optionally leave-one-out errors "
+                                   "with the rows that pin a fitted figure. --local: run at least 10 layouts on this machine through "
                                    "`exaplan run` and compare measured with predicted step time and memory. "
                                    "--kernels FILE: the cost model's kernel terms against kernels a GPU timed "
                                    "(benchmarks/gpu_kernels.py).")
@@ -54,7 +55,8 @@ def add_parser(sub) -> None:
                         "and show the best layout's error beside the recorded choice's")
     v.add_argument("--loo", action="store_true",
                    help="with --published: also leave-one-out errors: refit without each run and predict it "
-                        "(one fit of about 11 s per run, over the CPUs: about 4 minutes on 2 cores)")
+                        "(one fit of about 11 s per run, over the CPUs: 5-7 minutes on 2 cores), and name the rows "
+                        "whose leaving out moves a fitted figure by 20%% or more")
     v.add_argument("--all-rows", action="store_true",
                    help="with --published: list every held-out row, section L's 199 too, instead of section L's "
                         "summary by table and sequence length")
