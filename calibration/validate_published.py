@@ -27,7 +27,7 @@ from machine_models import DEVICE_KINDS_FILE
 from calibration import fit_files, fit_published as cal, gemm_benchmarks
 from planner.cost.step import evaluate
 from calibration.published import PROFILE_OF, PublishedRun, held_out_runs, published_runs
-from machine_models.uncertainty import QUANTILE
+from machine_models.uncertainty import QUANTILE, uncertainty_of
 from planner.schema.specs import MachineModel
 
 
@@ -96,8 +96,6 @@ def shipped_machine(run: PublishedRun, machine: MachineModel,
 
 
 def _row(run: PublishedRun, machine: MachineModel) -> ValidationRow:
-    from machine_models.uncertainty import uncertainty_of
-
     predicted, ev = predict(run, machine)
     u = uncertainty_of(machine, run.job().framework)
     lo, hi = u.time_interval(predicted) if run.kind == "iteration_time_s" else u.rate_interval(predicted)

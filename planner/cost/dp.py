@@ -72,6 +72,11 @@ ZERO_COLLECTIVES = {"deepspeed": ZeroCollectives(grads_allreduced=True, gather_h
                                                  allreduce_hidden_in_pipeline=False)}
 
 
+def zero_collectives(job: TrainingJob) -> ZeroCollectives:
+    """How the job's framework moves gradients and weights (ZERO_COLLECTIVES, else the default)."""
+    return ZERO_COLLECTIVES.get(job.framework.name, ZeroCollectives())
+
+
 @dataclass
 class MeshCosts:
     """Data-parallel traffic of a mesh, as terms the row level overlaps with compute:
@@ -193,7 +198,7 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
         zb=np.maximum(np.ceil(M_grad / zero_bucket_bytes), 1), zero=zero,
         fsdp=(s == SH_FSDP) | (s == SH_GRAD_OP) | (s == SH_HSDP),
         copy_s=machine.dp_buffer_copies * 2.0 / (machine.memory_bandwidth_gbyte_s * 1e9),
-        zc=ZERO_COLLECTIVES.get(fw.name, ZeroCollectives()),
+        zc=zero_collectives(job),
         # The runtime's DistributedDataParallel (planner.schema.plan.ddp_impl_for) reduces the
         # gradients in place in its buckets (gradient_as_bucket_view); FSDP2's replicate
         # copies them in and out like the sharded kinds.

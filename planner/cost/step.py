@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost import comm, compute, flops
-from planner.cost.dp import DDP_BUCKETS_MB, ZERO_COLLECTIVES, MeshCosts, ZeroCollectives, mesh_costs
+from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs, zero_collectives
 from planner.cost.layout import RC_FULL, RC_OP, SH_ZERO1, SH_ZERO2, Layouts, Space
 from planner.cost.memory import (
     MemoryParts,
@@ -397,8 +397,8 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
         # The search ranks in float32 (half the memory traffic per row); the finalists are
         # re-scored in float64 by `evaluate`.
         U, M = _cast(U, np.float32), _cast(M, np.float32)
-    zc = ZERO_COLLECTIVES.get(job.framework.name, ZeroCollectives())
-    R = _Rows.gather(space, U, M, machine.overlap.dp, np.float64 if detail else np.float32, zc.allreduce_hidden_in_pipeline)
+    R = _Rows.gather(space, U, M, machine.overlap.dp, np.float64 if detail else np.float32,
+                     zero_collectives(job).allreduce_hidden_in_pipeline)
     best = _best_choices(R, U, M, space.units.sp, algos, fast, detail)
     params, grads, acts, reserve, total, fits = _row_memory(machine, job, space, U, M, R)
     layouts_scored = len(space) * len(algos[0]) * len(algos[1])
