@@ -20,8 +20,9 @@ The figures, each from its own measurements:
     has one algorithm, a ring, so the allreduce fit gives the machine's figures: from a
     single-node run the intra-node latency and bandwidth, from a multi-node run the inter-node
     latency and the node's injection bandwidth (beta x ranks per node). The bandwidth
-    figures are divided by the model's network_efficiency, since the cost model multiplies it
-    back and the fit is already an achieved figure.
+    figures are divided by the model's network_efficiency (the NICs' by inter_node_efficiency
+    where the machine sets one), since the cost model multiplies it back and the fit is
+    already an achieved figure.
 
 numpy and scipy only: no torch here.
 """
@@ -322,8 +323,9 @@ def _network_figures(meas: dict[str, Any], base: MachineModel, fits: dict[str, A
         eff_net = base.network_efficiency or 1.0
         if nodes > 1:
             ranks_per_node = int(meas.get("ranks", 1))
+            eff_nic = base.inter_node_efficiency or eff_net  # what the cost model multiplies the NICs by
             update["inter_node_latency_us"] = f.alpha_us
-            update["nic_gbit_s"] = f.beta_gbyte_s * ranks_per_node * 8 / base.nics_per_node / eff_net
+            update["nic_gbit_s"] = f.beta_gbyte_s * ranks_per_node * 8 / base.nics_per_node / eff_nic
         else:
             update["intra_node_latency_us"] = f.alpha_us
             update["intra_node_bandwidth_gbyte_s"] = f.beta_gbyte_s / eff_net

@@ -130,8 +130,8 @@ class PublishedRun(Spec):
     flash_attention: bool = Field(True, description="Fused attention kernel (a software choice: false for 2022 Megatron).")
     tp_comm_overlap: bool = Field(False, description="The framework hides tensor-parallel traffic (Megatron --tp-comm-overlap): a setting of the framework, not fitted.")
     grad_reduce_bf16: bool = Field(False, description="Gradients reduced in bf16 (FSDP's PURE mixed precision) instead of the profile's dtype.")
-    grad_reduce_fp32: bool = Field(False, description="Gradients reduced in fp32 instead of the profile's dtype (DeepSpeed's BF16_Optimizer, "
-                                                      "bf16 at ZeRO stage 0, accumulates and allreduces fp32 gradients).")
+    grad_reduce_fp32: bool = Field(False, description="Gradients reduced in fp32 instead of the profile's dtype (where a run's software did "
+                                                      "and its profile does not; DeepSpeed's BF16_Optimizer casts its fp32 gradients to bf16 first).")
     flash_attention_v1: bool = Field(False, description="The fused attention kernel is flash-attn 1.x or one as fast (llm-foundry's Triton "
                                                         "FlashAttention), about half FlashAttention-2's speed "
                                                         "(Dao 2023): the job's attention_kernel_speed 0.5.")

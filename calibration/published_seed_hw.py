@@ -50,8 +50,8 @@ SOURCE_I_FRONTIER = ("E. Orhan, frontier-torchtitan, github.com/eminorhan/fronti
                      "comparison' (commit d4ffe60, 2025-02-22) with train_configs/llama3_8b_n8_benchmark.toml")
 NOTE_I_LUMI = (
     "LUMI-G (CSC): HPE Cray EX nodes of 4 MI250X = 8 GCDs (one rank per GCD), 64 GB HBM2e per GCD, 4 x 200 Gb/s "
-    "Slingshot-11 per node: the same node as Frontier, whose preset stands in (so `machine` is listed as assumed; "
-    "LUMI's network and software of 2023, ROCm 5.x, differ). Megatron-DeepSpeed (TurkuNLP fork, commit 6732bc9, "
+    "Slingshot-11 per node (the `lumi` preset: Frontier's node, with the inter-node efficiency that the BLOOM-176B "
+    "logs' comms lines measured for LUMI's 2023 software, ROCm 5.x). Megatron-DeepSpeed (TurkuNLP fork, commit 6732bc9, "
     "the BigScience lineage): DeepSpeed pipeline engine, ZeRO stage 0 with bf16, activation "
     "checkpointing of every layer (--checkpoint-activations: full recompute), fused masked softmax (no flash "
     "kernel), no sequence parallelism, micro-batch 2. GPT shapes: 4h GELU MLP, LayerNorm (plus one after the "
@@ -59,7 +59,9 @@ NOTE_I_LUMI = (
     "50257 padded by Megatron to a multiple of 128 x TP (TP 1: 50304; TP 2: 50432; TP 8: 51200, printed in the logs). "
     "Sharding: DeepSpeed runs bf16 at ZeRO stage 0 through its BF16_Optimizer, which partitions the fp32 master "
     "weights and Adam state over the data-parallel group (ZeRO-1 in effect); recorded as zero1 and listed as assumed "
-    "(with replicated optimizer state the 33B and 65B layouts would need more than 64 GB per GCD)."
+    "(with replicated optimizer state the 33B and 65B layouts would need more than 64 GB per GCD). Gradients are "
+    "reduced in bf16: the logs print communication_data_type None (DeepSpeed then reduces in the model's dtype) and "
+    "their comms lines move 5.34 GiB of gradient allreduce a step on rank 0, whose stage holds 2.87 B parameters."
 )
 
 
@@ -73,8 +75,8 @@ def _lumi_gpt(name: str, layers: int, hidden: int, heads: int, tp: int) -> Model
 
 
 def _section_i() -> list[dict[str, Any]]:
-    lumi = dict(section="I", machine="frontier", framework="deepspeed", precision=Precision.bf16,
-                flash_attention=False, assumed=["machine", "layout.sharding"], grad_reduce_fp32=True)
+    lumi = dict(section="I", machine="lumi", framework="deepspeed", precision=Precision.bf16,
+                flash_attention=False, assumed=["layout.sharding"])
     runs: list[dict[str, Any]] = []
     # README summaries: (model, layers, hidden, heads, nodes, tp, pp, global batch, samples/s, TFLOPs (theirs))
     readme = [
@@ -193,11 +195,11 @@ NOTE_K = (
     "second. Not printed: precision (bf16, the ALCF scripts' default) and the attention kernel (flash attention "
     "assumed), listed as assumed. Shapes are truncated depths of Llama-3.2-3B (24 heads, hidden 3072, 8 KV heads, "
     "SwiGLU 8192) and SmolLM3-3B (16 heads, hidden 2048, 4 KV heads, SwiGLU 11008), RMSNorm, RoPE. Gradients: "
-    "BF16_Optimizer accumulates and allreduces them in fp32 (DeepSpeed's default for bf16 without ZeRO; ALCF's "
-    "helpers.sh sets grad_accum_dtype fp32 explicitly only with pipelines), as section I's LUMI rows record "
-    "(grad_reduce_fp32); these rows keep the profile's bf16 (assumed): recorded in fp32, the fit hides the doubled "
-    "allreduce behind a data-parallel overlap of 0.9, which an allreduce after the backward cannot have, and "
-    "leave-one-out over the Max 1550 rows goes 3.7% -> 7.5%. Their allreduce runs faster than the machine file's "
+    "BF16_Optimizer accumulates them in fp32 (ALCF's helpers.sh sets grad_accum_dtype fp32 explicitly only with "
+    "pipelines) and allreduces them cast to communication_data_type, bf16 when unset (section I's LUMI logs show 2 "
+    "bytes per parameter); these rows reduce bf16 as the profile does (assumed: grad_reduce_fp32 unset). Recorded "
+    "in fp32, the fit hid the doubled allreduce behind a data-parallel overlap of 0.9, which an allreduce after the "
+    "backward cannot have, and leave-one-out over the Max 1550 rows went 3.7% -> 7.5%. Their allreduce runs faster than the machine file's "
     "ring over one Xe Link pair (19 GB/s) allows: oneCCL's topo algorithm driving several links, unmeasured."
 )
 

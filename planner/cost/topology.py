@@ -100,7 +100,7 @@ def node_injection(g: nx.Graph, node: int) -> float:
 NETWORK_FIELDS = (
     "devices_per_node", "intra_node_bandwidth_gbyte_s", "intra_node_latency_us", "nics_per_node", "nic_gbit_s",
     "inter_node_latency_us", "topology", "global_bandwidth_taper", "nodes_per_group", "network_efficiency", "nodes",
-    "collective_efficiency",
+    "collective_efficiency", "inter_node_efficiency",
 )
 
 
@@ -123,10 +123,13 @@ def _tiers_cached(network_json: str) -> LinkTiers:
         injection = node_injection(g, 0)
     else:
         inter_lat, injection = machine.inter_node_latency_us * 1e-6, machine.node_injection_gbyte_s * GB
+    # Collectives between nodes may reach a fraction of the NICs of their own (measured apart, e.g.
+    # from a framework's comms log); the intra-node fabric keeps network_efficiency.
+    inter_eff = machine.network_efficiency if machine.inter_node_efficiency is None else machine.inter_node_efficiency
     return LinkTiers(
         intra_bandwidth_Bps=intra_bw * machine.network_efficiency,
         intra_latency_s=intra_lat,
-        node_injection_Bps=injection * machine.network_efficiency,
+        node_injection_Bps=injection * inter_eff,
         inter_latency_s=inter_lat,
         global_taper=machine.global_bandwidth_taper if dragonfly else 1.0,
         nodes_per_group=machine.nodes_per_group if dragonfly else max(machine.nodes, 1),

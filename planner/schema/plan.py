@@ -372,6 +372,8 @@ def _body(plan: Plan, for_hash: bool = False) -> dict:
         body.pop("backend", None)
     if for_hash and body["sharding"].get("ddp_impl") is None:  # plans made before the field was added keep their hash
         body["sharding"].pop("ddp_impl", None)
+    if body["machine"].get("inter_node_efficiency", 0) is None:  # added later: absent where not measured apart
+        body["machine"].pop("inter_node_efficiency")
     kernels = body["machine"].get("runtime_kernels")
     if kernels is None:  # added later: absent where no kind measured it
         body["machine"].pop("runtime_kernels", None)

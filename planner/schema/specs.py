@@ -203,11 +203,11 @@ class MachineModel(Spec):
     nic_gbit_s: Rate = Field(description="Bandwidth per NIC per direction (Gbit/s).")
     inter_node_latency_us: PosTime = Field(description="Latency of one inter-node message (microseconds).")
     topology: TopologyKind = Field(TopologyKind.fat_tree, description="Kind of inter-node fabric.")
-    global_bandwidth_taper: Efficiency = Field(
-        1.0, description="Fraction of injection bandwidth available between dragonfly groups (1 = full)."
-    )
+    global_bandwidth_taper: Efficiency = Field(1.0, description="Fraction of injection bandwidth available between dragonfly groups (1 = full).")
     nodes_per_group: Annotated[int, Field(gt=0, le=MAX_NODES)] = Field(128, description="Nodes per dragonfly group (or leaf switch).")
     network_efficiency: Efficiency = Field(0.85, description="Achievable fraction of link bandwidth for collectives.")
+    inter_node_efficiency: Efficiency | None = Field(None, description="Achievable fraction of the NICs' bandwidth for "
+                                                     "collectives between nodes, where measured apart; None: network_efficiency.")
     collective_library: CollectiveLibrary = Field(description="nccl, rccl, oneccl or gloo.")
     algorithms: list[Algorithm] = Field(max_length=len(Algorithm), description="Allreduce algorithms the library can be told to use.")
     nodes: Annotated[int, Field(gt=0, le=MAX_NODES)] = Field(description="Nodes in the whole system.")

@@ -3,6 +3,7 @@ measure() end to end (without collectives, with three sizes, and the whole quick
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -217,3 +218,20 @@ def test_cli_calibrate_writes_a_machine_that_plans(tmp_path, capsys):
     assert plan["machine"]["calibrated"] is True and plan["job"]["precision"] == "fp32"
     assert main(["calibrate", "--ranks", "0", "-o", str(tmp_path / "bad.yaml")]) == 2
     assert not (tmp_path / "bad.yaml").exists()
+
+
+def test_multi_node_fit_divides_the_nics_by_the_efficiency_the_model_applies():
+    """From a two-node run the allreduce's bandwidth is the node's injection; the cost model
+    multiplies the NICs by inter_node_efficiency where a machine sets one (else by
+    network_efficiency), so the fit divides by that same figure and the model gives back the
+    measured bandwidth; the intra-node fabric is left as the base has it."""
+    meas = _fake_measurements()
+    meas["nodes"] = 2
+    base = detect_local_machine(2)
+    for inter in (None, 0.5):
+        b = base.model_copy(update={"inter_node_efficiency": inter, "nodes": 2})
+        m = fit(copy.deepcopy(meas), b)
+        eff = inter if inter is not None else b.network_efficiency
+        injection = m.nic_gbit_s * m.nics_per_node / 8 * eff  # GB/s, as planner/cost/topology.py applies it
+        assert injection == pytest.approx(0.9 * meas["ranks"], rel=0.1)
+        assert m.intra_node_bandwidth_gbyte_s == b.intra_node_bandwidth_gbyte_s

@@ -234,6 +234,23 @@ def test_link_tiers_of_a_machine():
     assert t2.intra_bandwidth_Bps == t.intra_bandwidth_Bps
 
 
+def test_inter_node_efficiency_slows_only_the_nics():
+    """A measured inter-node efficiency (LUMI's, from its comms logs) scales the NICs and leaves the
+    intra-node fabric at network_efficiency; a data-parallel ring across nodes slows by the ratio,
+    one inside a node does not; unset, the NICs keep network_efficiency."""
+    m = load_machine("lumi")
+    assert m.inter_node_efficiency == pytest.approx(0.42)
+    base = m.model_copy(update={"inter_node_efficiency": None})
+    t, t0 = link_tiers(m), link_tiers(base)
+    assert t.intra_bandwidth_Bps == t0.intra_bandwidth_Bps
+    assert t.node_injection_Bps == pytest.approx(t0.node_injection_Bps * 0.42 / m.network_efficiency, rel=1e-9)
+    size = 2.0**31
+    across = [float(comm.allreduce(comm.AL_RING, comm.place(16, 8, tiers), size)) for tiers in (t, t0)]
+    inside = [float(comm.allreduce(comm.AL_RING, comm.place(8, 1, tiers), size)) for tiers in (t, t0)]
+    assert across[0] > 1.8 * across[1]
+    assert inside[0] == pytest.approx(inside[1], rel=1e-12)
+
+
 def test_placement_aware_allreduce_uses_the_placement():
     t = tiers(dpn=8, intra=100e9, intra_lat=2e-6, injection=40e9, inter_lat=5e-6)
     M = 100 * MB
