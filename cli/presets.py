@@ -1,5 +1,5 @@
-"""`exaplan list`: the model and machine presets and the framework profiles; `--devices`: the
-device kinds."""
+"""`exaplan list`: the model presets, the machine presets (with their shape and network
+figures) and the framework profiles; `--devices`: the device kinds."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "devices", False):
         return _run_devices(args)
-    from machine_models import list_frameworks, list_machines, load_framework
+    from machine_models import list_frameworks, list_machines, load_framework, load_machine
     from planner.cost.flops import total_params
     from planner.presets import MODEL_PRESETS
 
@@ -36,10 +36,22 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"model   {name:15s} {total_params(m) / 1e6:9.1f} M parameters, {m.layers} x {m.hidden}, "
                   f"heads {m.heads}/{m.kv_heads}, seq {m.seq_len}")
     for name in list_machines():
-        out.print(f"machine {name}")
+        out.print(f"machine {name:15s} {machine_summary(load_machine(name))}", markup=False, highlight=False)
     for name in list_frameworks():  # the description up to its first colon: what the profile stands for
         out.print(f"framework {name:11s} {load_framework(name).description.split(': ')[0]}", markup=False, highlight=False)
     return 0
+
+
+def machine_summary(m) -> str:
+    """One line of a machine's shape and figures: nodes x devices, the device kind, its memory and
+    fastest peak, the intra-node fabric, the NICs and the efficiency collectives reach on them."""
+    nic_eff = m.network_efficiency if m.inter_node_efficiency is None else m.inter_node_efficiency
+    measured = " (measured)" if m.inter_node_efficiency is not None else ""
+    prec, peak = max(m.peak_tflops.items(), key=lambda kv: kv[1])  # the fastest precision (bf16 on GPUs)
+    return (f"{m.nodes:,} x {m.devices_per_node} {m.device_name}, {m.device_memory_gib:g} GiB, {peak:.4g} TFLOP/s "
+            f"{getattr(prec, 'value', prec)}; "
+            f"intra-node {m.intra_node_bandwidth_gbyte_s:g} GB/s; {m.nics_per_node} x {m.nic_gbit_s:g} Gb/s NICs at "
+            f"{nic_eff:.2f}{measured}; {m.collective_library.value}")
 
 
 def _run_devices(args: argparse.Namespace) -> int:

@@ -165,6 +165,16 @@ def test_list_json(capsys):
     assert "protein-3.5b" in data["models"] and "aurora" in data["machines"] and "local" in data["machines"]
 
 
+def test_list_shows_each_machines_shape_and_network(capsys):
+    """A line per machine preset with its nodes, devices, peak and network; LUMI's NICs at the
+    efficiency its comms logs measured, the others at the network efficiency."""
+    assert main(["list"]) == 0
+    lines = {ln.split()[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("machine ")}
+    assert "2,978 x 8 AMD MI250X GCD" in lines["lumi"] and "4 x 200 Gb/s NICs at 0.42 (measured)" in lines["lumi"]
+    assert "9,856 x 8 AMD MI250X GCD" in lines["frontier"] and "NICs at 0.85;" in lines["frontier"]
+    assert "989 TFLOP/s bf16" in lines["dgx-h100"] and "rccl" in lines["frontier"]
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 
