@@ -125,6 +125,18 @@ def test_power_can_be_varied_and_workers_give_the_same_points():
     assert a.nodes == b.nodes and b.energy_kwh == pytest.approx(2 * a.energy_kwh)
 
 
+def test_an_unset_inter_node_efficiency_varies_from_the_network_efficiency():
+    """Frontier leaves inter_node_efficiency unset (its NICs run at network_efficiency, 0.85):
+    x1 is that figure, the same points as giving 0.85; x0.5 slows the steps that cross nodes."""
+    r = run_whatif(model="protein-3.5b", machine="frontier", nodes="64,512", tokens=1e10, workers=1,
+                   vary=["machine.inter_node_efficiency=x0.5,x1,0.85"])
+    by = {(p.varied["machine.inter_node_efficiency"], p.nodes): p.step_time_s for p in r.points}
+    assert load_machine("frontier").inter_node_efficiency is None
+    for n in (64, 512):
+        assert by[("x1", n)] == by[("0.85", n)]
+        assert by[("x0.5", n)] > 1.02 * by[("x1", n)]
+
+
 def test_points_beyond_the_machine_say_so():
     r = run_whatif(model="protein-small", machine="pdx", nodes="256,512", tokens=1e9, workers=1, deadline_days=1e-9)
     assert r.points[1].fits is False and "400 nodes" in r.points[1].reason and math.isnan(r.points[1].days)
