@@ -1,5 +1,6 @@
-"""`exaplan calibrate`: measure this machine and write its machine model, or refit the model's
-figures from runs that `exaplan run` made (`--from-runs`)."""
+"""`exaplan calibrate`: measure this machine and write its machine model, refit the model's
+figures from runs that `exaplan run` made (`--from-runs`), or read what a training log's
+collectives reached on the NICs (`--from-comms-log`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def add_parser(sub) -> None:
                    help="YAML to write (default machine_models/local.yaml, which `--machine local` then uses)")
     k.add_argument("--from-runs", nargs="+", metavar="DIR",
                    help="refit from these `exaplan run` output folders instead of measuring")
+    k.add_argument("--from-comms-log", metavar="LOG",
+                   help="read a training log's DeepSpeed comms-logger lines and print the bus bandwidth its collectives "
+                        "reached, as a fraction of one rank's share of the NICs of --base (the machine it ran on): the "
+                        "machine file's inter_node_efficiency (calibration/comms_log.py); needs --group-size")
+    k.add_argument("--group-size", type=int, metavar="N",
+                   help="with --from-comms-log: the logged collectives' group (the data-parallel degree)")
     arr = k.add_argument_group("calibrate on arrival (--arrival: calibration/arrival.py)")
     arr.add_argument("--arrival", action="store_true",
                      help="measure, run a short validation sweep of --layouts layouts through `exaplan run`, refit from "
@@ -49,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks <= 0:
         raise PlanError("must be a positive number of ranks", field="ranks")
+    if args.from_comms_log or args.group_size is not None:
+        return _from_comms_log(args)
     if args.arrival:
         return _arrival(args)
     for name in ARRIVAL_ONLY:
@@ -125,4 +134,44 @@ def _from_runs(args, base, out: Path) -> int:
         c.print("figures: " + ", ".join(f"{k} {summary['figures_before'][k]:.3g} -> {v:.3g}"
                                         for k, v in summary["figures_after"].items()))
     c.print(f"wrote {out} (fitted on all {len(args.from_runs)} runs)")
+    return 0
+
+
+def _from_comms_log(args) -> int:
+    """What the logged collectives reached on the NICs of the machine they ran on."""
+    from calibration.comms_log import read_rows, suggested_efficiency
+    from machine_models import load_machine
+
+    if not args.from_comms_log:
+        raise PlanError("only with --from-comms-log", field="--group-size")
+    if args.group_size is None:
+        raise PlanError("give the logged collectives' group size (the data-parallel degree)", field="--group-size")
+    if not args.base:
+        raise PlanError("give the machine the log ran on (a preset or a machine file)", field="--base")
+    machine = load_machine(args.base)
+    rows = read_rows(args.from_comms_log, args.group_size, machine)
+    suggested = {op: suggested_efficiency(rows, op) for op in ("all_reduce", "all_gather")}
+    if args.json:
+        print_json(dict(machine=machine.name, group_size=args.group_size, rows=[vars(r) for r in rows],
+                        inter_node_efficiency=suggested["all_reduce"], all_gather_efficiency=suggested["all_gather"]))
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"{args.from_comms_log}: collectives of {args.group_size} ranks on {machine.name}")
+    for col in ("op", "message", "calls", "median call", "bus GB/s per rank", "of the NIC share"):
+        t.add_column(col, justify="left" if col == "op" else "right")
+    for r in rows:
+        t.add_row(r.op, f"{r.size_bytes / 2**20:,.0f} MiB", str(r.calls), f"{r.median_s * 1e3:,.1f} ms",
+                  f"{r.bus_gbyte_s:.2f}", f"{r.nic_fraction:.2f}")
+    c = console()
+    c.print(t)
+    c.print(f"Bus bandwidth of a ring of {args.group_size} (the group given); a message of another group reads wrong: "
+            "a tied embedding's allreduce runs between the first and last pipeline stage (2 ranks).",
+            markup=False, highlight=False)
+    if suggested["all_reduce"] is not None:
+        c.print(f"inter_node_efficiency: {suggested['all_reduce']:.2f}  (the fastest of the largest allreduces; "
+                f"{machine.name}'s file has {machine.inter_node_efficiency or machine.network_efficiency:.2f})",
+                markup=False, highlight=False)
+    else:
+        c.print("no allreduce of the gradient's size in the log: nothing to suggest", markup=False, highlight=False)
     return 0

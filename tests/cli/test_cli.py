@@ -170,7 +170,7 @@ def test_list_shows_each_machines_shape_and_network(capsys):
     efficiency its comms logs measured, the others at the network efficiency."""
     assert main(["list"]) == 0
     lines = {ln.split()[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("machine ")}
-    assert "2,978 x 8 AMD MI250X GCD" in lines["lumi"] and "4 x 200 Gb/s NICs at 0.42 (measured)" in lines["lumi"]
+    assert "2,978 x 8 AMD MI250X GCD" in lines["lumi"] and "4 x 200 Gb/s NICs at 0.39 (measured)" in lines["lumi"]
     assert "9,856 x 8 AMD MI250X GCD" in lines["frontier"] and "NICs at 0.85;" in lines["frontier"]
     assert "989 TFLOP/s bf16" in lines["dgx-h100"] and "rccl" in lines["frontier"]
 

@@ -239,11 +239,11 @@ def test_inter_node_efficiency_slows_only_the_nics():
     intra-node fabric at network_efficiency; a data-parallel ring across nodes slows by the ratio,
     one inside a node does not; unset, the NICs keep network_efficiency."""
     m = load_machine("lumi")
-    assert m.inter_node_efficiency == pytest.approx(0.42)
+    assert m.inter_node_efficiency == pytest.approx(0.39)
     base = m.model_copy(update={"inter_node_efficiency": None})
     t, t0 = link_tiers(m), link_tiers(base)
     assert t.intra_bandwidth_Bps == t0.intra_bandwidth_Bps
-    assert t.node_injection_Bps == pytest.approx(t0.node_injection_Bps * 0.42 / m.network_efficiency, rel=1e-9)
+    assert t.node_injection_Bps == pytest.approx(t0.node_injection_Bps * m.inter_node_efficiency / m.network_efficiency, rel=1e-9)
     size = 2.0**31
     across = [float(comm.allreduce(comm.AL_RING, comm.place(16, 8, tiers), size)) for tiers in (t, t0)]
     inside = [float(comm.allreduce(comm.AL_RING, comm.place(8, 1, tiers), size)) for tiers in (t, t0)]
