@@ -17,7 +17,8 @@ def add_parser(sub) -> None:
                                    "reduce-scatter, all-gather, point-to-point) between N ranks with this machine's "
                                    "backend, fit the machine model's figures, and write a MachineModel YAML (raw "
                                    "measurements beside it). `--from-runs` refits the efficiency figures from runs that "
-                                   "`exaplan run` made.")
+                                   "`exaplan run` made; `--from-comms-log` reads what a training run's collectives "
+                                   "reached on a machine's NICs from DeepSpeed's comms-logger lines.")
     k.add_argument("--ranks", type=int, default=2, help="ranks (devices) to measure between (default 2)")
     k.add_argument("--quick", action="store_true", help="fewer sizes and repeats: under a minute on a laptop")
     k.add_argument("--base", default=None, help="machine model to start from (default: the detected local machine)")
