@@ -17,7 +17,7 @@ every rank of the node in a group of its own kind, active at once, as data paral
 tensor- and pipeline-parallel ranks has it). The median call of each (op, size) is taken: a call's
 time includes waiting for the group's last rank, which the median of many steps sheds. That
 fraction is the machine file's `inter_node_efficiency` for those collectives (`exaplan calibrate
---from-comms-log`; machine_models/lumi.yaml's 0.42 comes from LUMI's logs this way).
+--from-comms-log`; machine_models/lumi.yaml's 0.39 comes from LUMI's logs this way).
 """
 
 from __future__ import annotations

@@ -323,9 +323,8 @@ def _network_figures(meas: dict[str, Any], base: MachineModel, fits: dict[str, A
         eff_net = base.network_efficiency or 1.0
         if nodes > 1:
             ranks_per_node = int(meas.get("ranks", 1))
-            eff_nic = base.inter_node_efficiency or eff_net  # what the cost model multiplies the NICs by
             update["inter_node_latency_us"] = f.alpha_us
-            update["nic_gbit_s"] = f.beta_gbyte_s * ranks_per_node * 8 / base.nics_per_node / eff_nic
+            update["nic_gbit_s"] = f.beta_gbyte_s * ranks_per_node * 8 / base.nics_per_node / base.nic_efficiency
         else:
             update["intra_node_latency_us"] = f.alpha_us
             update["intra_node_bandwidth_gbyte_s"] = f.beta_gbyte_s / eff_net

@@ -171,7 +171,7 @@ def _from_comms_log(args) -> int:
             markup=False, highlight=False)
     if suggested["all_reduce"] is not None:
         c.print(f"inter_node_efficiency: {suggested['all_reduce']:.2f}  (the fastest of the largest allreduces; "
-                f"{machine.name}'s file has {machine.inter_node_efficiency or machine.network_efficiency:.2f})",
+                f"{machine.name}'s file has {machine.nic_efficiency:.2f})",
                 markup=False, highlight=False)
     else:
         c.print("no allreduce of the gradient's size in the log: nothing to suggest", markup=False, highlight=False)

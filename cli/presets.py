@@ -45,13 +45,12 @@ def run(args: argparse.Namespace) -> int:
 def machine_summary(m) -> str:
     """One line of a machine's shape and figures: nodes x devices, the device kind, its memory and
     fastest peak, the intra-node fabric, the NICs and the efficiency collectives reach on them."""
-    nic_eff = m.network_efficiency if m.inter_node_efficiency is None else m.inter_node_efficiency
     measured = " (measured)" if m.inter_node_efficiency is not None else ""
     prec, peak = max(m.peak_tflops.items(), key=lambda kv: kv[1])  # the fastest precision (bf16 on GPUs)
     return (f"{m.nodes:,} x {m.devices_per_node} {m.device_name}, {m.device_memory_gib:g} GiB, {peak:.4g} TFLOP/s "
             f"{getattr(prec, 'value', prec)}; "
             f"intra-node {m.intra_node_bandwidth_gbyte_s:g} GB/s; {m.nics_per_node} x {m.nic_gbit_s:g} Gb/s NICs at "
-            f"{nic_eff:.2f}{measured}; {m.collective_library.value}")
+            f"{m.nic_efficiency:.2f}{measured}; {m.collective_library.value}")
 
 
 def _run_devices(args: argparse.Namespace) -> int:

@@ -189,13 +189,9 @@ class MachineModel(Spec):
                          "at least 0.3 for GPUs (calibration/fit_published.py)."
     )
     memory_bandwidth_gbyte_s: Rate = Field(description="Device memory bandwidth (GB/s) for elementwise ops and the optimizer.")
-    elementwise_efficiency: float = Field(
-        1.0, gt=0, le=1, description="Fraction of memory_bandwidth_gbyte_s that a block's memory-bound elementwise "
-                                     "kernels (norms, residual adds, activations, RoPE, layout copies, the loss's "
-                                     "softmax) reach on activation-sized tensors: launch and tail effects of many "
-                                     "small kernels, reduction passes. Fitted per device kind, 0.3-0.95 for GPUs "
-                                     "(calibration/fit_published.py); 1 (the default): the copy bandwidth."
-    )
+    elementwise_efficiency: float = Field(1.0, gt=0, le=1, description="Fraction of memory_bandwidth_gbyte_s that a block's memory-bound elementwise "
+        "kernels (norms, residual adds, activations, RoPE, layout copies, the loss's softmax) reach on activation-sized tensors: launch and tail "
+        "effects of many small kernels, reduction passes. Fitted per device kind, 0.3-0.95 for GPUs (calibration/fit_published.py); 1 (the default): the copy bandwidth.")
     flash_attention: bool = Field(True, description="Fused attention that never stores the s x s scores.")
     intra_node_bandwidth_gbyte_s: Rate = Field(description="Intra-node fabric bandwidth per device per direction (GB/s).")
     intra_node_latency_us: PosTime = Field(description="Latency of one intra-node message (microseconds).")
@@ -241,9 +237,8 @@ class MachineModel(Spec):
     launch: LaunchSettings | None = Field(
         None, exclude=True, description="How jobs start on this machine (`exaplan launch`; planner/schema/launch.py). "
                                         "Not written into plan files, nor into their content hash.")
-    power: MachinePower | None = Field(
-        None, exclude=True, description="Power under load (`exaplan whatif` energy; MachinePower). Not written into "
-                                        "plan files, nor into their content hash.")
+    power: MachinePower | None = Field(None, exclude=True, description="Power under load (`exaplan whatif` energy; MachinePower). "
+                                       "Not written into plan files, nor into their content hash.")
 
     @model_validator(mode="after")
     def _check(self) -> "MachineModel":
@@ -254,6 +249,11 @@ class MachineModel(Spec):
         if Precision.fp32 not in self.peak_tflops:
             raise ValueError("peak_tflops: must give fp32 (the fallback precision)")
         return self
+
+    @property
+    def nic_efficiency(self) -> float:
+        """The fraction of the NICs that collectives between nodes reach: inter_node_efficiency where measured apart."""
+        return self.network_efficiency if self.inter_node_efficiency is None else self.inter_node_efficiency
 
     @property
     def node_injection_gbyte_s(self) -> float:

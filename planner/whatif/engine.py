@@ -152,7 +152,7 @@ def _base_value(model: ModelSpec, machine: MachineModel, path: str):
         node = node[part]
     if node is None:
         if path == "machine.inter_node_efficiency":  # unset: the NICs run at network_efficiency, which x-factors scale
-            return machine.network_efficiency
+            return machine.nic_efficiency
         if rest == "power":
             raise PlanError(f"{spec.name} has no such section", field=path)
         return None  # an unset optional figure: given values set it; a multiplier says it needs a number
