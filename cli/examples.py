@@ -133,6 +133,19 @@ EXAMPLES = {
     "gpu/protein-3.5b_1xh100_s2048_op.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
                                              "--global-batch 16 --seq-len 2048 --recompute selective-op --mbs 4 --draws 0",
 }
+# The JAX backend on one H100: the same jobs with `--backend jax` (README "On a GPU"). Measured
+# first (2026-11-27): protein-3.5b at its own pick (micro-batch 16) and at the torch plan's 8,
+# and the hidden-2,048 block at 4,096 tokens; then, predicted before they ran, the same block
+# at 8,192 tokens, the narrow one, and protein-3.5b at 2,048 tokens under full recompute.
+JAX_TWINS = {
+    "gpu/protein-3.5b_1xh100_jax.yaml": ("gpu/protein-3.5b_1xh100.yaml", ""),
+    "gpu/protein-3.5b_1xh100_jax_mbs8.yaml": ("gpu/protein-3.5b_1xh100.yaml", " --mbs 8"),
+    "gpu/protein-1.2b-h2048_1xh100_s4096_jax.yaml": ("gpu/protein-1.2b-h2048_1xh100_s4096.yaml", ""),
+    "gpu/protein-1.2b-h2048_1xh100_s8192_jax.yaml": ("gpu/protein-1.2b-h2048_1xh100_s8192.yaml", ""),
+    "gpu/protein-0.3b-h1024_1xh100_s2048_jax.yaml": ("gpu/protein-0.3b-h1024_1xh100_s2048.yaml", ""),
+    "gpu/protein-3.5b_1xh100_s2048_jax_full.yaml": ("gpu/protein-3.5b_1xh100_s2048_full.yaml", ""),
+}
+EXAMPLES.update({name: f"{EXAMPLES[torch_twin]}{extra} --backend jax" for name, (torch_twin, extra) in JAX_TWINS.items()})
 
 
 def command_for(name: str) -> list[str]:

@@ -30,6 +30,7 @@ from planner.schema.plan import Plan
 # faster here (1 and 2 devices on 2 cores). CPU-only: GPU compilations ignore it. Kept where
 # XLA_FLAGS already chooses a CPU scheduler.
 CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+GPU_MEMORY_FRACTION = "0.95"
 _CPU_SCHEDULER_FLAGS = ("xla_cpu_enable_concurrency_optimized_scheduler", "xla_cpu_scheduler_type")
 
 
@@ -51,6 +52,9 @@ def configure(plan: Plan, processes: int) -> int:
     os.environ["XLA_FLAGS"] = xla_flags(os.environ.get("XLA_FLAGS", ""), local)
     for key, value in plan.collectives.env.items():
         os.environ.setdefault(key, value)  # NCCL_* etc.: XLA's GPU collectives read them too
+    # JAX's GPU allocator takes 75% of the card unless told: a plan the planner fits into the
+    # card (its reserve ~5% of it) needs the card less that reserve. CPUs ignore it.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEMORY_FRACTION)
     # XLA's persistent compilation cache: a requeued, resumed or repeated run of the same
     # plan loads the compiled step instead of compiling it again (EXAPLAN_JAX_CACHE=off: none).
     cache = os.environ.get("EXAPLAN_JAX_CACHE", str(Path.home() / ".cache" / "exaplan" / "jax"))
@@ -124,7 +128,7 @@ def _join(renv, local: int) -> None:
     kwargs = {}
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     one_each = visible is not None and "," not in visible  # the scheduler gave each process one GPU
-    gpus = not missing_module("jax_cuda12_plugin")
+    gpus = not (missing_module("jax_cuda12_plugin") and missing_module("jax_cuda13_plugin"))
     if local == 1 and (renv.local_world_size or 1) > 1 and not one_each and gpus:
         kwargs["local_device_ids"] = [renv.local_rank]  # one process per GPU, all GPUs visible: its local rank's
     jax.distributed.initialize(f"{renv.master_addr}:{renv.master_port}", renv.world_size, renv.rank, **kwargs)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import warnings
 
 import flax.linen as nn
 import jax
@@ -114,6 +116,34 @@ def apply_rope(x, cos, sin):
     return jnp.stack((a * c - b * n, a * n + b * c), axis=-1).reshape(x.shape).astype(x.dtype)
 
 
+def attention_implementation(dtype) -> str:
+    """The kernel `attention` asks for: EXAPLAN_JAX_ATTENTION (xla or cudnn) where set, else
+    cuDNN's fused flash attention on GPUs in bf16 or fp16 and XLA's einsums elsewhere. jax's
+    own default (implementation=None) is XLA's einsums everywhere, which hold every score
+    matrix (batch x heads x seq^2) in memory."""
+    choice = os.environ.get("EXAPLAN_JAX_ATTENTION", "").strip().lower()
+    if choice:
+        if choice not in ("xla", "cudnn"):
+            raise ValueError(f"EXAPLAN_JAX_ATTENTION={choice!r}: expected xla or cudnn")
+        return choice
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return "cudnn" if half and jax.default_backend() == "gpu" else "xla"
+
+
+def attention(q, k, v):
+    """Causal attention; cuDNN's kernel where `attention_implementation` picks it and it
+    takes these shapes (else XLA's: on ROCm, or a head dimension cuDNN does not run),
+    unless EXAPLAN_JAX_ATTENTION asks for it explicitly."""
+    impl = attention_implementation(q.dtype)
+    if impl == "cudnn" and not os.environ.get("EXAPLAN_JAX_ATTENTION"):
+        try:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        except (RuntimeError, ValueError, NotImplementedError) as e:
+            warnings.warn(f"cuDNN attention does not run here ({e}); XLA's einsums instead", stacklevel=2)
+            impl = "xla"
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+
+
 class Attention(nn.Module):
     dims: Dims
     dtype: jnp.dtype
@@ -134,9 +164,8 @@ class Attention(nn.Module):
         q = constrain(q, ("batch", "seq", "act_heads", None))
         k = constrain(k, ("batch", "seq", "act_kv_heads", None))
         v = constrain(v, ("batch", "seq", "act_kv_heads", None))
-        # (batch, seq, heads, head_dim) in and out; grouped-query heads shared; the cuDNN
-        # flash kernel on NVIDIA GPUs in bf16, XLA's einsums elsewhere.
-        out = checkpoint_name(jax.nn.dot_product_attention(q, k, v, is_causal=True), "op_attention")
+        # (batch, seq, heads, head_dim) in and out; grouped-query heads shared.
+        out = checkpoint_name(attention(q, k, v), "op_attention")
         out = constrain(out.reshape(b, s, -1), ("batch", "seq", "act_heads"))
         return Linear(d.hidden, ("embed", "heads"), out_std, self.dtype, name="wo")(out)
 

@@ -19,8 +19,9 @@ from jax.experimental import multihost_utils
 
 from jaxrt import checkpoint as ckpt
 from jaxrt.data import GlobalBatches, SyntheticCounter
+from jaxrt.model import attention_implementation
 from jaxrt.sharding import build_mesh
-from jaxrt.step import Trainer
+from jaxrt.step import Trainer, compute_dtype
 from planner.schema.plan import Plan
 from runtime.loader import Loader, TokenDataset
 from runtime.metrics import MetricsWriter, truncate_after
@@ -114,6 +115,10 @@ def train(args, plan: Plan, prepared: Path | None, stop=None) -> int:
             (run.out / "metrics.jsonl").unlink(missing_ok=True)
     writer = MetricsWriter(run.out, plan, enabled=run.main, device=jax.devices()[0].platform,
                            purge_step=run.start_step if args.resume else None)
+    if run.main:
+        dev = jax.devices()[0]
+        print(f"jax {jax.__version__}: {jax.device_count()} x {dev.device_kind} ({dev.platform}), attention "
+              f"{attention_implementation(compute_dtype(plan))}", flush=True)
     if args.resume:
         writer.log_event("resume", run.start_step, sample=run.batches.loader.samples_consumed, backend="jax")
     tokens = plan.job.global_batch * plan.job.seq_len
