@@ -230,7 +230,8 @@ class ProteinLM(nn.Module):
                              (d.seq_len, d.hidden), jnp.float32)
             h = h + pos[: tokens.shape[1]].astype(self.dtype)[None]
         h = constrain(h, ("batch", "act_seq", "act_embed"))
-        rope = rope_tables(d.head_dim, d.seq_len) if d.position == "rope" else None
+        # the job may train sequences longer than the model's context (torch: setup_rope covers both)
+        rope = rope_tables(d.head_dim, max(d.seq_len, tokens.shape[1])) if d.position == "rope" else None
         block = Block
         if self.remat != "none":
             block = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=True)

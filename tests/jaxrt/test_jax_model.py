@@ -78,11 +78,23 @@ def test_torch_names_round_trip():
 def test_first_step_equals_torch(spec):
     """The torch runtime's initial weights converted to JAX: the same loss and the same
     gradient of every parameter, within 1e-4, on a batch with padding."""
+    _first_step_equals_torch(spec, spec.seq_len)
+
+
+@pytest.mark.parametrize("spec", [v for v in VARIANTS if v.position == "rope"], ids=lambda s: s.name)
+def test_sequences_longer_than_the_models_context(spec):
+    """A job may train sequences longer than the model's seq_len (protein-3.5b, 512, at 2,048
+    tokens): the rotary tables cover them, as the torch runtime's setup_rope does (the JAX
+    model's were the model's length, and such a step failed to trace on an H100)."""
+    _first_step_equals_torch(spec, 2 * spec.seq_len)
+
+
+def _first_step_equals_torch(spec, seq_len: int):
     torch_model = TorchLM(spec)
     init_weights(torch_model, spec, seed=3)
-    torch_model.setup_rope()
+    torch_model.setup_rope(seq_len=seq_len)
     g = torch.Generator().manual_seed(5)
-    batch = torch.randint(5, 31, (4, spec.seq_len + 1), generator=g)
+    batch = torch.randint(5, 31, (4, seq_len + 1), generator=g)
     batch[1, -7:] = 0  # <pad>: ignored by both losses
     loss_t = loss_fn(torch_model(batch[:, :-1]), batch[:, 1:])
     loss_t.backward()
