@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU build of torch that lies on this kind of machine; never an unpinned torch.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test test-all bench bench-runtime bench-jax bench-gpu bench-gpu-kernels bench-local plans clean
+.PHONY: venv demo test test-all bench bench-runtime bench-jax bench-gpu bench-gpu-jax bench-gpu-kernels bench-local plans clean
 
 venv: $(STAMP)
 
@@ -69,6 +69,18 @@ bench-jax: venv
 GPU_CHECK_ARGS ?=
 bench-gpu: venv
 	$(BIN)/python -m benchmarks.gpu_check --out runs/bench-gpu $(GPU_CHECK_ARGS)
+
+# On a GPU machine too, the JAX backend: the JAX twins of the H100 plans (README "The JAX backend
+# on a GPU"), measured against predicted. Needs JAX's CUDA plugin of the `jax` extra's version in
+# .venv (e.g. `.venv/bin/pip install "jax[cuda13]==0.10.2"`). About 8 minutes, mostly XLA compiling.
+JAX_GPU_PLANS = $(subst $(space),$(comma),$(addprefix plans/gpu/,protein-3.5b_1xh100_jax.yaml \
+	protein-3.5b_1xh100_jax_mbs8.yaml protein-1.2b-h2048_1xh100_s4096_jax.yaml \
+	protein-1.2b-h2048_1xh100_s8192_jax.yaml protein-0.3b-h1024_1xh100_s2048_jax.yaml))
+comma := ,
+space := $(subst ,, )
+bench-gpu-jax: venv
+	$(BIN)/python -m benchmarks.gpu_check --out runs/bench-gpu-jax --plans $(JAX_GPU_PLANS) --exaplan-only \
+		--skip-device --rounds 1 --steps 10 --warmup 3
 
 # On a GPU machine too: the step's kernels one by one (GEMMs, the fused attention backends,
 # compiled elementwise work, the loss, exaplan's block by kernel kind), about a minute, then the

@@ -52,6 +52,16 @@ calibration/published_schema.py). Held out: predicted as a check, never fitted.
          tokens, micro-batch 4 (..._s2048_op.yaml), and the compiled twin of the 1.2B full-
          recompute run with accumulation (..._s4096_full4.yaml): docs/gpu/2026-11-26-h100-op2-*.json.
 
+  M  exaplan's JAX backend (jaxrt/) on the same H100 card kind, 2026-11-27, the JAX twins of
+     the plans above (`exaplan plan --backend jax`; cli/examples.py JAX_TWINS), mode "jax":
+     protein-3.5b at the backend's own pick (micro-batch 16) and at the torch plan's 8, the
+     1.2B block at 16 x 4,096 (docs/gpu/2026-11-27-h100-jax.json), measured before the jax
+     profile charged the measured kernels (its prediction then: the fitted figures alone);
+     then, predicted before they ran with them (docs/gpu/2026-11-27-h100-jax-blind-
+     predictions.json), the 1.2B block at 8 x 8,192 and the narrow one at 64 x 2,048
+     (docs/gpu/2026-11-27-h100-jax-blind.json). Not pooled into any uncertainty: five runs on
+     one GPU state no band for the jax profile.
+
 The H200's device kind copies the H100 fit (no published H200 rows); the H100's is fitted, but
 to other frameworks' runs (Megatron-LM, llm-foundry, fms-fsdp), never to this runtime on a GPU.
 These rows (exaplan_runtime) are predicted as `exaplan plan` predicts the runtime: at the
@@ -77,6 +87,11 @@ NOTE_M = (
     "best run's median step (12 steps, the first 4 dropped; the s2048 and s4096 cases 10 and 3; the recompute cases 9 and 3). exaplan's runtime with its exaplan profile (recorded under framework fsdp, whose profile "
     "it is): one rank, no data parallelism, bf16 autocast on fp32 weights, fused AdamW."
 )
+SOURCE_JAX = ("exaplan's own measurement on a lent GPU (jax 0.11.2 with CUDA 13, cuDNN flash attention), 2026-11-27: "
+              "docs/gpu/{file} (benchmarks/gpu_check.py)")
+NOTE_JAX = ("Tokens/s on one GPU: the tokens of a step over the run's median step (10 steps, the first 3 dropped; the "
+            "blind pair 9 and 3). exaplan's JAX backend (exaplan run on a plan made with --backend jax; recorded under "
+            "framework fsdp, predicted with the jax profile): one rank, fp32 weights cast to bf16 at use, optax AdamW.")
 CARDS = {
     "h200": ("dgx-h200", "an H200 SXM in a DGX H200; the lent one is an H200 of the same 141 GB / 4.8 TB/s part"),
     "h100": ("dgx-h100", "an H100 SXM5 in a DGX H100; the lent one is an H100 80GB HBM3, the same part"),
@@ -97,7 +112,12 @@ CASES = {"h200": ("h200", "h200", 512, 32, 32, "protein-3.5b"), "h100": ("h100",
          "h100-op": ("h100", "h100_op", 512, 32, 32, "protein-3.5b"),
          "h100-s4096-op": ("h100", "h100_s4096_op", 4096, 16, 8, "protein-1.2b-h2048"),
          "h100-s8192-op": ("h100", "h100_s8192_op", 8192, 8, 4, "protein-1.2b-h2048"),
-         "h100-s2048-op": ("h100", "h100_s2048_op", 2048, 16, 4, "protein-3.5b")}
+         "h100-s2048-op": ("h100", "h100_s2048_op", 2048, 16, 4, "protein-3.5b"),
+         "h100-jax": ("h100", "h100_jax", 512, 32, 16, "protein-3.5b"),
+         "h100-jax-mbs8": ("h100", "h100_jax_mbs8", 512, 32, 8, "protein-3.5b"),
+         "h100-s4096-jax": ("h100", "h100_s4096_jax", 4096, 16, 4, "protein-1.2b-h2048"),
+         "h100-s8192-jax": ("h100", "h100_s8192_jax", 8192, 8, 2, "protein-1.2b-h2048"),
+         "h100-h1024-jax": ("h100", "h100_s2048_jax", 2048, 64, 8, "protein-0.3b-h1024")}
 # The recompute level of a case (none unless given).
 RECOMPUTE = {"h100-full": Recompute.full, "h100-s4096-full": Recompute.full, "h100-s8192-sel": Recompute.selective,
              "h100-s2048-full": Recompute.full, "h100-s4096-full4": Recompute.full,
@@ -131,7 +151,10 @@ MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
                  ("h100-s4096-op", "compile"): 1.2119, ("h100-s4096-op", "eager"): 2.1491,
                  ("h100-s8192-op", "compile"): 1.3802, ("h100-s8192-op", "eager"): 2.3159,
                  ("h100-s2048-op", "compile"): 1.3997, ("h100-s2048-op", "eager"): 2.0306,
-                 ("h100-s4096-full4", "compile"): 1.3844}
+                 ("h100-s4096-full4", "compile"): 1.3844,
+                 # the JAX backend: docs/gpu/2026-11-27-h100-jax{,-blind}.json
+                 ("h100-jax", "jax"): 0.5843, ("h100-jax-mbs8", "jax"): 0.6386, ("h100-s4096-jax", "jax"): 1.0773,
+                 ("h100-s8192-jax", "jax"): 1.2365, ("h100-h1024-jax", "jax"): 0.6792}
 # The evidence file of a case: docs/gpu/2026-11-26-<evidence(case, mode)>-<mode>.json (EVIDENCE,
 # or EVIDENCE_BY_MODE for a run measured in a later call than its twin).
 EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096",
@@ -141,10 +164,19 @@ EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4
             "h100-s4096-full4": "h100-recompute2", "h100-op": "h100-op", "h100-s4096-op": "h100-op",
             "h100-s8192-op": "h100-op", "h100-s2048-op": "h100-op2"}
 EVIDENCE_BY_MODE = {("h100-s4096-full4", "compile"): "h100-op2"}
+# The JAX backend's evidence files (docs/gpu/<file>).
+JAX_EVIDENCE = {"h100-jax": "2026-11-27-h100-jax.json", "h100-jax-mbs8": "2026-11-27-h100-jax.json",
+                "h100-s4096-jax": "2026-11-27-h100-jax.json", "h100-s8192-jax": "2026-11-27-h100-jax-blind.json",
+                "h100-h1024-jax": "2026-11-27-h100-jax-blind.json"}
 
 
 def evidence(case: str, mode: str) -> str:
     return EVIDENCE_BY_MODE.get((case, mode), EVIDENCE[case])
+
+
+def evidence_file(case: str, mode: str) -> str:
+    """The case's measurement, docs/gpu/<this>."""
+    return JAX_EVIDENCE[case] if mode == "jax" else f"2026-11-26-{evidence(case, mode)}-{mode}.json"
 
 
 def case_model(case: str):
@@ -159,15 +191,19 @@ def own_gpu_runs() -> list[PublishedRun]:
     for (case, mode), step in MEDIAN_STEP_S.items():
         card, _, seq, gbs, mbs, name = CASES[case]
         machine, part = CARDS[card]
+        jax = mode == "jax"
         runs.append(PublishedRun(
-            id=f"M-{name}-{case}-{mode}", section="M", source=SOURCE_M.format(card=evidence(case, mode)),
+            id=f"M-{name}-{case}-{mode}", section="M",
+            source=SOURCE_JAX.format(file=evidence_file(case, mode)) if jax else SOURCE_M.format(card=evidence(case, mode)),
             model=case_model(case), machine=machine, framework="fsdp",
             gpus=1, layout=PublishedLayout(dp=1, sharding=Sharding.none, micro_batch=mbs, global_batch=gbs,
                                            recompute=RECOMPUTE.get(case, Recompute.none)),
-            precision=Precision.bf16, torch_blocks="compiled" if mode == "compile" else "eager", exaplan_runtime=True,
+            precision=Precision.bf16, torch_blocks=None if jax else "compiled" if mode == "compile" else "eager",
+            exaplan_runtime=True, jax_backend=jax,
             figure=round(gbs * seq / step, 1), kind="tokens_per_s_per_gpu", flop_convention="none", assumed=[],
-            note=f"{NOTE_M} Machine {machine} ({part}). "
-                 + ("Blocks compiled (exaplan run --compile)." if mode == "compile" else
+            note=f"{NOTE_JAX if jax else NOTE_M} Machine {machine} ({part}). "
+                 + ("The JAX backend (jaxrt/): one jit-compiled step." if jax else
+                    "Blocks compiled (exaplan run --compile)." if mode == "compile" else
                     "Eager (no --compile): unfused elementwise kernels (eager_bytes_per_element)."),
         ))
     return runs

@@ -146,6 +146,8 @@ class PublishedRun(Spec):
                           "framework's own kernels, which the fitted figures describe.")
     exaplan_runtime: bool = Field(False, description="The run is exaplan's own runtime (section M): the exaplan profile's "
                                                     "measured kernels and weight traffic apply (planner/schema/kernels.py).")
+    jax_backend: bool = Field(False, description="The run is exaplan's JAX backend (jaxrt/; section M, with exaplan_runtime): "
+                                                "predicted with the jax profile, as `exaplan plan --backend jax` predicts it.")
     figure: float = Field(gt=0, description="The published number, in the unit of `kind` (MFU as a fraction).")
     kind: FigureKind
     flop_convention: FlopConvention = Field("none", description="FLOP count behind TFLOP/s and MFU figures.")
@@ -167,6 +169,8 @@ class PublishedRun(Spec):
             raise ValueError(f"{self.id}: gradients reduced in bf16 or in fp32, not both")
         if self.exaplan_runtime and self.framework != "fsdp":
             raise ValueError(f"{self.id}: exaplan_runtime is recorded under framework fsdp, whose profile is exaplan's")
+        if self.jax_backend and (not self.exaplan_runtime or self.torch_blocks):
+            raise ValueError(f"{self.id}: jax_backend is exaplan's runtime (exaplan_runtime) with no torch blocks")
         if self.torch_blocks and self.framework != "fsdp":
             raise ValueError(f"{self.id}: torch_blocks describes a torch trainer's blocks (framework fsdp)")
         return self
@@ -179,7 +183,7 @@ class PublishedRun(Spec):
         (None), so that a fit can vary them there."""
         from machine_models import load_framework
 
-        profile = load_framework(PROFILE_OF[self.framework]).model_copy(update={
+        profile = load_framework(self.profile).model_copy(update={
             "overlap_dp": None, "step_overhead_s": None, "flash_attention": self.flash_attention,
             "compiled": self.torch_blocks == "compiled",
             **({} if self.torch_blocks else {"eager_bytes_per_element": None, "launch_us_per_op": None,
@@ -204,7 +208,7 @@ class PublishedRun(Spec):
     @property
     def profile(self) -> str:
         """The framework profile the row is predicted with."""
-        return PROFILE_OF[self.framework]
+        return "jax" if self.jax_backend else PROFILE_OF[self.framework]
 
     # --- the published figure's unit -------------------------------------------------------
 

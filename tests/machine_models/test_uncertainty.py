@@ -80,8 +80,12 @@ def test_held_out_errors_are_pooled_into_their_profile_and_fitted_kind(tmp_path)
 
 
 def test_the_shipped_exaplan_band_counts_its_own_gpu_runs():
-    """The shipped uncertainty pools section M's held-out errors into the exaplan profile."""
+    """The shipped uncertainty pools section M's held-out errors into the exaplan profile, not
+    the JAX backend's (five runs on one GPU: the jax profile keeps its stated default)."""
     from calibration.published_own import own_gpu_runs
 
+    torch_runs = [r for r in own_gpu_runs() if not r.jax_backend]
+    assert len(torch_runs) < len(own_gpu_runs())
     u = uncertainty_of(load_machine("dgx-h100"), load_framework("exaplan"))
-    assert f"{len(own_gpu_runs())} held out" in u.basis
+    assert f"{len(torch_runs)} held out" in u.basis
+    assert not uncertainty_of(load_machine("dgx-h100"), load_framework("jax")).fitted

@@ -37,7 +37,13 @@ def _measured_runs():
                 yield path.name, Path(entry["plan"]).name, compiled, max(peaks)
 
 
-RUNS = list(_measured_runs())
+def _is_jax(plan_name: str) -> bool:
+    return load_plan(ROOT / "plans" / "gpu" / plan_name).backend == "jax"
+
+
+ALL_RUNS = list(_measured_runs())
+RUNS = [r for r in ALL_RUNS if not _is_jax(r[1])]  # the torch runtime's (torch.cuda.max_memory_allocated)
+JAX_RUNS = [r for r in ALL_RUNS if _is_jax(r[1])]  # the JAX backend's (XLA's peak_bytes_in_use)
 
 
 def test_the_evidence_is_there():
@@ -82,3 +88,17 @@ def test_the_recompute_runs_are_among_the_evidence():
     recomputes = {(load_plan(ROOT / "plans" / "gpu" / r[1]).recompute.value, r[2]) for r in RUNS}
     assert {(level, compiled) for level in ("none", "selective", "full", "selective-op")
             for compiled in (False, True)} <= recomputes
+
+
+@pytest.mark.parametrize("run", JAX_RUNS, ids=[f"{r[0]}:{r[1]}" for r in JAX_RUNS])
+def test_the_jax_backends_peak_is_under_the_count(run):
+    """The JAX backend on one H100 (docs/gpu/2026-11-27-h100-jax*.json, XLA's allocator's peak):
+    the count, made for the torch runtime's tensors, is an upper bound for XLA's buffer
+    assignment: 2-12% over (predicted less its reserve; the narrow block at 2,048 tokens the most,
+    then the 1.2B block at 4k-8k tokens). Not fitted; the lower bound fails the day XLA needs
+    more than the count, which would make the planner's "fits" wrong."""
+    _, plan_name, _, measured = run
+    plan = load_plan(ROOT / "plans" / "gpu" / plan_name)
+    memory = evaluate(plan.model, plan.machine, plan.job, Layouts.from_plan(plan)).memory
+    predicted = float(memory.total[0] - memory.reserve[0]) / GIB
+    assert 0.0 <= predicted / measured - 1 <= 0.15, (plan_name, measured, predicted)
