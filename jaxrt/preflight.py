@@ -4,12 +4,15 @@ installed, that it runs the plan's layout, the steps, the checkpoints in --out."
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan
 
 STEP_PREFIX = "step"  # OUT/checkpoints/step_00000123/ (orbax's step folders, jaxrt/checkpoint.py)
+ATTENTION_ENV = "EXAPLAN_JAX_ATTENTION"  # the attention kernel, where chosen (jaxrt/model.py)
+ATTENTION_CHOICES = ("xla", "cudnn")
 
 
 def require_jax() -> None:
@@ -62,8 +65,13 @@ def latest_step(ckpt_dir: Path) -> int | None:
 
 
 def check_before_start(args, plan: Plan) -> None:
-    """What can be refused before JAX starts: the layout, the steps, the checkpoints."""
+    """What can be refused before JAX starts: the layout, the steps, the checkpoints, the
+    attention kernel asked for."""
     check_runs(plan)
+    choice = os.environ.get(ATTENTION_ENV, "").strip().lower()
+    if choice and choice not in ATTENTION_CHOICES:
+        raise PlanError(f"{choice!r} is no attention kernel of the JAX backend: {' or '.join(ATTENTION_CHOICES)}",
+                        field=ATTENTION_ENV)
     if args.steps <= 0:
         raise PlanError("must be a positive number of steps", field="steps")
     if args.io_mode == "io-only":

@@ -109,6 +109,12 @@ def test_layouts_it_does_not_run_are_refused(extra, field, tmp_path):
     assert not out.exists()
 
 
+def test_an_unknown_attention_kernel_is_refused(plan_file, tmp_path):
+    r = exaplan("run", str(plan_file), "--out", str(tmp_path / "x"), env={"EXAPLAN_JAX_ATTENTION": "flash"})
+    assert r.returncode == 2 and "EXAPLAN_JAX_ATTENTION" in r.stderr and "xla or cudnn" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+
+
 def test_an_unknown_backend_is_refused(plan_file, tmp_path):
     r = exaplan("run", str(plan_file), "--backend", "tensorflow", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "--backend" in r.stderr
