@@ -17,6 +17,9 @@
    launch), and MFU measured (the plan's model FLOPs per step over the median step, over the
    plan's peak) against the plan's predicted step time and MFU.
 
+A plan made with `--backend jax` runs on the JAX backend (`exaplan run` reads the plan's
+backend; run it with --exaplan-only: the plain loop is torch's): `make bench-gpu-jax`.
+
 Writes DIR/gpu_check.json and DIR/gpu_check.md and prints the table last. Without a GPU it
 needs --plans: it runs them on the CPU and skips 1 and 2 (the test does that with a tiny plan);
 without either, exit 2. Exit 0, or 1 when a run failed (the others still reported).
