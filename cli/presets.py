@@ -56,10 +56,10 @@ def machine_summary(m) -> str:
 def _run_devices(args: argparse.Namespace) -> int:
     """Every device kind: its status and the machine presets that name it. A kind that a preset
     names but device_kinds.yaml does not know is listed as "unknown"."""
-    from machine_models.loader import device_kind_status, presets_by_device_kind
+    from machine_models.loader import device_kind_status, measured_kernels_source, presets_by_device_kind
 
-    status = device_kind_status()
-    rows = [dict(name=kind, status=status.get(kind, "unknown"), presets=presets)
+    status, kernels = device_kind_status(), measured_kernels_source()
+    rows = [dict(name=kind, status=status.get(kind, "unknown"), presets=presets, runtime_kernels=kernels.get(kind))
             for kind, presets in presets_by_device_kind().items()]
     if args.json:
         print_json(dict(devices=rows))
@@ -68,8 +68,9 @@ def _run_devices(args: argparse.Namespace) -> int:
     width = max(len(r["name"]) for r in rows) if rows else 0
     swidth = max(len(r["status"]) for r in rows) if rows else 0
     for r in rows:
-        out.print(f"device {r['name']:{width}s}  {r['status']:{swidth}s}  {', '.join(r['presets']) or '-'}",
-                  markup=False, highlight=False)
-    out.print("fitted: fitted to published runs (exaplan validate --published); unfitted: first guesses.",
-              markup=False, highlight=False)
+        out.print(f"device {r['name']:{width}s}  {r['status']:{swidth}s}  {'kernels measured' if r['runtime_kernels'] else '-':16s}  "
+                  f"{', '.join(r['presets']) or '-'}", markup=False, highlight=False)
+    out.print("fitted: fitted to published runs (exaplan validate --published); unfitted: first guesses. kernels "
+              "measured: exaplan's runtime's attention and elementwise rates measured on that device (torch and JAX "
+              "plans are predicted at them; --json names the file).", markup=False, highlight=False)
     return 0

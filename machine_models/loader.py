@@ -147,6 +147,13 @@ def device_kind_status() -> dict[str, str]:
     return status
 
 
+def measured_kernels_source() -> dict[str, str]:
+    """The device kinds whose runtime kernels were measured (device_kinds.yaml runtime_kernels,
+    which the exaplan and jax profiles charge), each with its measurement's source."""
+    return {kind: str(fig["runtime_kernels"].get("source", "measured"))
+            for kind, fig in _device_kinds().items() if isinstance(fig.get("runtime_kernels"), dict)}
+
+
 def presets_by_device_kind() -> dict[str, list[str]]:
     """The machine presets (not `local`) that name each device kind, kinds in device_kinds.yaml
     order first, then any kind a preset names that the file does not know."""
