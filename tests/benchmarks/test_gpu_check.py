@@ -91,3 +91,34 @@ def test_the_driver_on_the_cpu(tmp_path):
         assert len(run["step_times_s"]) == 4 and 0 < run["min_s"] <= run["median_s"] and run["startup_s"] > 0
     assert c["ratio_median"] > 0 and 0 < c["mfu_exaplan"] < 1
     assert "| tiny |" in (out / "gpu_check.md").read_text()
+
+
+def test_make_bench_gpu_jax_runs_the_jax_plans():
+    """`make bench-gpu-jax`'s plans are the committed JAX twins, each a one-GPU jax plan."""
+    res = subprocess.run(["make", "-n", "bench-gpu-jax"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    plans = res.stdout.split("--plans ", 1)[1].split()[0].split(",")
+    assert len(plans) == 5 and "--exaplan-only" in res.stdout
+    for name in plans:
+        plan = yaml.safe_load((ROOT / name).read_text())
+        assert plan["backend"] == "jax" and plan["nodes"] == 1 and plan["ranks_per_node"] == 1, name
+
+
+@pytest.mark.slow
+def test_the_driver_runs_a_jax_plan_on_the_cpu(tmp_path):
+    """A plan made with --backend jax goes through the JAX backend (`exaplan run` reads the plan)."""
+    pytest.importorskip("jax")
+    plan = tmp_path / "tinyjax.yaml"
+    subprocess.run([sys.executable, "-m", "cli", "plan", "--model", "protein-tiny", "--machine", "local", "--set",
+                    "machine.devices_per_node=1", "--seq-len", "32", "--global-batch", "4", "--mbs", "2",
+                    "--precision", "fp32", "--draws", "0", "--backend", "jax", "-o", str(plan)], cwd=ROOT, check=True,
+                   capture_output=True)
+    out = tmp_path / "gc"
+    res = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(out), "--plans", str(plan),
+                          "--quick", "--skip-device", "--exaplan-only"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (run,) = json.loads((out / "gpu_check.json").read_text())["plans"]["tinyjax"]["runs"]["exaplan"]
+    assert len(run["step_times_s"]) == 4 and run["peak_memory_gib"] > 0
+    log = (out / "logs" / "tinyjax-r1-exaplan.log").read_text()
+    assert "jax " in log and "attention xla" in log
