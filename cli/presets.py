@@ -68,9 +68,11 @@ def _run_devices(args: argparse.Namespace) -> int:
     width = max(len(r["name"]) for r in rows) if rows else 0
     swidth = max(len(r["status"]) for r in rows) if rows else 0
     for r in rows:
-        out.print(f"device {r['name']:{width}s}  {r['status']:{swidth}s}  {'kernels measured' if r['runtime_kernels'] else '-':16s}  "
+        src = r["runtime_kernels"] or ""
+        kernels = "kernels copied" if src.startswith("copied") else "kernels measured" if src else "-"
+        out.print(f"device {r['name']:{width}s}  {r['status']:{swidth}s}  {kernels:16s}  "
                   f"{', '.join(r['presets']) or '-'}", markup=False, highlight=False)
     out.print("fitted: fitted to published runs (exaplan validate --published); unfitted: first guesses. kernels "
               "measured: exaplan's runtime's attention and elementwise rates measured on that device (torch and JAX "
-              "plans are predicted at them; --json names the file).", markup=False, highlight=False)
+              "plans are predicted at them; --json names the file); copied: another kind's.", markup=False, highlight=False)
     return 0

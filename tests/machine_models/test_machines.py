@@ -299,8 +299,9 @@ def test_list_devices_json(capsys):
         kind = load_machine(name).device_name
         assert name in by_name[kind]["presets"], (name, kind)
     assert "local" not in {p for r in rows for p in r["presets"]}
-    measured = {k for k, r in by_name.items() if r["runtime_kernels"]}
+    measured = {k for k, r in by_name.items() if r["runtime_kernels"] and not r["runtime_kernels"].startswith("copied")}
     assert measured == {load_machine(n).device_name for n in ("dgx-h100", "dgx-h200")}
+    assert by_name[load_machine("alps").device_name]["runtime_kernels"].startswith("copied from NVIDIA H100")
     assert "h100-kernels.json" in by_name[load_machine("dgx-h100").device_name]["runtime_kernels"]
 
 
@@ -313,3 +314,4 @@ def test_list_devices_text(capsys):
     assert "frontier" in next(line for line in out.splitlines() if "AMD MI250X GCD" in line)
     assert "kernels measured" in next(line for line in out.splitlines() if "H100" in line)
     assert "kernels measured" not in next(line for line in out.splitlines() if "AMD MI250X GCD" in line)
+    assert "kernels copied" in next(line for line in out.splitlines() if "GH200" in line)

@@ -48,7 +48,12 @@ def test_the_h100_and_h200_carry_the_measurement_and_the_exaplan_and_jax_profile
     for hd in (64, 128):
         for seq in (4096, 8192, 16384):
             assert h200.attention_rate_tflops(hd, seq) == pytest.approx(H100.runtime_kernels.attention_rate_tflops(hd, seq), rel=0.02)
-    assert load_machine("dgx-a100-80gb").runtime_kernels is None and load_machine("alps").runtime_kernels is None
+    assert load_machine("dgx-a100-80gb").runtime_kernels is None and load_machine("frontier").runtime_kernels is None
+    # the GH200 (Alps) carries the H100's, copied (the same die; no GH200 lent), and says so
+    gh200 = load_machine("alps").runtime_kernels
+    assert gh200.source.startswith("copied from NVIDIA H100 SXM5")
+    assert gh200.attention_tflops == H100.runtime_kernels.attention_tflops
+    assert gh200.elementwise_efficiency == H100.runtime_kernels.elementwise_efficiency
     assert compute.measured_kernels(H100, _job()) is H100.runtime_kernels
     for other in ("megatron", "deepspeed"):
         assert compute.measured_kernels(H100, _job(other)) is None, other
