@@ -27,6 +27,7 @@ from planner.cost import flops
 from planner.cost.compute import eager_gpu_figure
 from planner.cost.layout import (
     RC_FULL,
+    RC_NONE,
     RC_OP,
     RC_SELECTIVE,
     SC_GPIPE,
@@ -236,6 +237,14 @@ def autocast_on_fp32_weights(job: TrainingJob, lay: Layouts) -> np.ndarray:
     return np.asarray(on & ~fully_sharded(lay.sharding), dtype=bool)
 
 
+def compiled_step(job: TrainingJob) -> bool:
+    """The profile's whole step is one XLA graph (the JAX backend): fp32 weights cast at use as
+    under autocast, but the residual stream stays in the compute dtype (jaxrt casts the
+    embedding) and any recompute recomputes the casts instead of saving them (jax's
+    saved_residuals of a bf16 block: tests/jaxrt/test_jax_model.py)."""
+    return bool(getattr(getattr(job, "framework", None), "compiled_step", False))
+
+
 def autocast_copy_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """The 16-bit weight copies of autocast_on_fp32_weights (model_state_bytes counts them as
     the working copy): gone by the end of a backward pass, whose blocks free them as they finish
@@ -264,6 +273,8 @@ def copies_never_held(job: TrainingJob, recompute) -> np.ndarray:
     parameters, 6.5 GiB of copies). Eager blocks keep them in autocast's cache through the
     forward pass."""
     rc = np.asarray(recompute)
+    if compiled_step(job):  # XLA: every recompute level recomputes the casts (compiled_step)
+        return rc != RC_NONE
     compiled = bool(getattr(getattr(job, "framework", None), "compiled", False))
     return compiled & ((rc == RC_FULL) | (rc == RC_OP))
 
@@ -278,7 +289,8 @@ def backward_tail_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJo
 def kept_input_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """A checkpointed block's input, which full and selective-op recompute keep: one stream
     tensor, fp32 under autocast_on_fp32_weights."""
-    return stream_bytes(model, job, lay) * np.where(autocast_on_fp32_weights(job, lay), 4.0 / bytes_per_element(job.precision), 1.0)
+    fp32 = autocast_on_fp32_weights(job, lay) & (not compiled_step(job))
+    return stream_bytes(model, job, lay) * np.where(fp32, 4.0 / bytes_per_element(job.precision), 1.0)
 
 
 def op_kept_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts) -> np.ndarray:

@@ -357,7 +357,8 @@ _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "pre
                        "attention_kernel_speed": 1.0, "recompute_early_stop": False,
                        "eager_bytes_per_element": None, "compiled": False, "launch_us_per_op": None,
                        "step_launch_s": 0.0, "measured_kernels": False, "weight_bytes_per_param": 0.0,
-                       "recompute_levels": ["none", "selective", "full"], "head_bytes_per_element": {}}
+                       "recompute_levels": ["none", "selective", "full"], "head_bytes_per_element": {},
+                       "compiled_step": False}
 
 
 _EARLIER_VALUES = {name: value for name, value in _FRAMEWORK_DEFAULTS.items()

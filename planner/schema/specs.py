@@ -305,8 +305,7 @@ class FrameworkProfile(Spec):
     overlap_dp: Fraction | None = Field(
         None, description="Hidden fraction of data-parallel traffic (fitted); None: the machine's own figure "
                           "(its device kind's, fitted for exaplan's runtime).")
-    step_overhead_s: Time | None = Field(
-        None, description="Fixed cost of every optimizer step (fitted), s; None: the machine's own figure.")
+    step_overhead_s: Time | None = Field(None, description="Fixed cost of every optimizer step (fitted), s; None: the machine's own figure.")
     overlap_tp: Fraction = Field(0.0, description="Hidden fraction of tensor-parallel traffic (Megatron's "
                                                   "--tp-comm-overlap: 1).")
     flash_attention: bool = Field(True, description="Uses fused attention where the device has it.")
@@ -321,9 +320,8 @@ class FrameworkProfile(Spec):
     head_bytes_per_element: dict[Literal["rmsnorm", "layernorm"], Annotated[float, Field(ge=0, le=100)]] = Field(
         default_factory=lambda: {"rmsnorm": 24.0, "layernorm": 12.0}, description="By norm: memory the last stage holds as backward passes the final "
         "norm, beyond the blocks' kept tensors, per residual-stream element (planner/cost/memory.py head_bytes); a norm not given: not counted.")
-    swiglu_kept_tensors: Literal[3, 4] = Field(
-        4, description="ffn-wide tensors a SwiGLU block keeps for backward: 4 op by op (gate, up, silu(gate), product; "
-                       "torch eager), 3 fused (gate and up, product: Megatron's bias_swiglu): planner/cost/memory.py.")
+    swiglu_kept_tensors: Literal[3, 4] = Field(4, description="ffn-wide tensors a SwiGLU block keeps for backward: 4 op by op (gate, up, "
+                                               "silu(gate), product; torch eager), 3 fused (gate and up, product: Megatron's bias_swiglu).")
     grads_freed_between_steps: bool = Field(True, description="Gradients are freed after each step (torch's zero_grad(set_to_none=True)), "
                                             "so one micro-batch's forward peaks without them; False: flat gradient buffers (Megatron, DeepSpeed).")
     attention_kernel_speed: Annotated[float, Field(gt=0, le=4)] = Field(
@@ -356,6 +354,8 @@ class FrameworkProfile(Spec):
                            "launches, the loss's synchronisation, records), s: the optimizer's time is at least this.")
     compiled: bool = Field(False, description="The blocks run through torch.compile (`exaplan plan --compile` writes `compile: "
                                               "true` into the plan): eager_bytes_per_element and the launch floor do not apply.")
+    compiled_step: bool = Field(False, description="The whole step is one XLA graph (the JAX backend): the residual stream stays in the "
+                                "compute dtype and recompute saves no 16-bit weight casts (jax's saved_residuals; planner/cost/memory.py).")
     measured_kernels: bool = Field(True, description="Where the machine carries runtime_kernels (measured for exaplan's "
                                    "runtime), attention and elementwise work are charged at those rates (planner/cost/compute.py).")
     weight_bytes_per_param: Annotated[float, Field(ge=0, le=1e3)] = Field(

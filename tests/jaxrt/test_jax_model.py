@@ -151,3 +151,40 @@ def test_selective_op_saves_the_torch_policys_kept_outputs(spec):
     assert names == ["op_attention", "op_gate", "op_q", "op_v"]
     others = [d for d in saved if not d.startswith("named") and "p['params']" not in d]
     assert others == ["from the argument x"]
+
+
+@pytest.mark.parametrize("remat", ["none", "full", "selective", "selective-op"])
+def test_what_a_bf16_block_saves_is_what_the_planner_counts_for_jax(remat):
+    """A bf16 block (fp32 weights cast at use): jax saves the 16-bit casts of its weights for
+    backward without recompute (as torch's autocast holds them), none under any recompute level
+    (recomputed with the block), and its input in bf16, not fp32: the jax profile's
+    compiled_step (planner/cost/memory.py: copies_never_held, kept_input_bytes)."""
+    import flax.linen as nn
+    from jax._src.ad_checkpoint import saved_residuals
+
+    from jaxrt.model import REMAT_POLICIES, Block
+    from machine_models import load_framework
+    from planner.cost import memory
+    from planner.cost.layout import RECOMPUTES, Layouts
+    from planner.schema.specs import TrainingJob
+
+    spec = VARIANTS[0]
+    dims = Dims.of(spec)
+    cls = Block if remat == "none" else nn.remat(Block, policy=REMAT_POLICIES[remat], prevent_cse=True)
+    block = cls(dims, jnp.bfloat16)
+    x = jnp.ones((2, spec.seq_len, spec.hidden), jnp.bfloat16)
+    params = block.init(jax.random.key(0), x, None)
+    weights = {tuple(w.shape) for w in jax.tree.leaves(params) if w.ndim == 2}
+    saved = [aval for aval, _ in saved_residuals(lambda p, x: block.apply(p, x, None).astype(jnp.float32).sum(), params, x)]
+    casts = [a for a in saved if a.dtype == jnp.bfloat16 and tuple(a.shape) in weights]
+    job = TrainingJob(global_batch=2, seq_len=spec.seq_len, precision="bf16", framework=load_framework("jax"))
+    never_held = bool(memory.copies_never_held(job, RECOMPUTES.index(remat)))
+    assert (len(casts) == 0) == never_held == (remat != "none")
+    if remat != "none":  # what it keeps of the stream's shape is bf16 (without recompute the norms' fp32
+        # upcasts are saved too, part of the block's count)
+        assert all(a.dtype == jnp.bfloat16 for a in saved if tuple(a.shape) == x.shape)
+    lay = Layouts.one(dp=1, mbs=2)
+    stream = 2 * spec.seq_len * spec.hidden
+    assert float(memory.kept_input_bytes(spec, job, lay)[0]) == stream * 2  # bf16
+    torch_job = job.model_copy(update={"framework": load_framework("exaplan")})
+    assert float(memory.kept_input_bytes(spec, torch_job, lay)[0]) == stream * 4  # fp32 under torch's autocast
