@@ -141,7 +141,7 @@ def explain_plan(plan: Plan, console: Console) -> None:
         + (f"; ... {p.world_size - 1} -> {p.placement(p.world_size - 1)[0]}/{p.placement(p.world_size - 1)[1]} ({coords(p.world_size - 1)})" if p.world_size > shown else ""))
     console.print(f"batch: micro-batch {p.micro_batch_size} x {p.grad_accumulation_steps} accumulation steps x dp {p.mesh.dp}"
                   f"{' | sequence parallel' if p.sequence_parallel else ''} | recompute {p.recompute.value}"
-                  f" | blocks {'compiled' if p.compile else 'eager'}")
+                  f" | {'the whole step one XLA graph' if p.job.framework.compiled_step else 'blocks compiled' if p.compile else 'blocks eager'}")
     s = p.sharding
     console.print(f"sharding: {s.kind.value}" + (f" (shard group {s.shard_group_size})" if s.kind.value == "hsdp" else "")
                   + f" | reshard after forward {s.reshard_after_forward} | DDP bucket {s.ddp_bucket_mb:g} MB")

@@ -205,3 +205,12 @@ def test_the_jax_twins_are_their_torch_plans_job_for_the_jax_backend(name):
     assert (plan.job.global_batch, plan.job.seq_len, plan.job.precision) == (twin.job.global_batch, twin.job.seq_len,
                                                                               twin.job.precision)
     assert content_hash(plan) == plan.provenance.content_hash and dumps_plan(plan) == path.read_text()
+
+
+def test_explain_says_a_jax_step_is_one_xla_graph(capsys):
+    """`exaplan explain` of a JAX plan: not "blocks eager" (the plan's compile flag is torch's)."""
+    assert main(["explain", str(PLANS_DIR / "gpu/protein-3.5b_1xh100_jax.yaml")]) == 0
+    batch = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("batch:"))
+    assert "the whole step one XLA graph" in batch and "eager" not in batch
+    assert main(["explain", str(PLANS_DIR / "gpu/protein-3.5b_1xh100.yaml")]) == 0
+    assert "blocks eager" in capsys.readouterr().out
