@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import warnings
 
 import flax.linen as nn
@@ -32,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxrt.preflight import ATTENTION_CHOICES, ATTENTION_ENV
+from jaxrt.preflight import attention_choice
 from jaxrt.sharding import constrain
 from planner.schema.specs import ModelSpec
 from planner.schema.vocab import PAD_ID
@@ -122,10 +121,8 @@ def attention_implementation(dtype) -> str:
     cuDNN's fused flash attention on GPUs in bf16 or fp16 and XLA's einsums elsewhere. jax's
     own default (implementation=None) is XLA's einsums everywhere, which hold every score
     matrix (batch x heads x seq^2) in memory."""
-    choice = os.environ.get(ATTENTION_ENV, "").strip().lower()
+    choice = attention_choice()
     if choice:
-        if choice not in ATTENTION_CHOICES:  # `exaplan run` refuses it before JAX starts (jaxrt/preflight.py)
-            raise ValueError(f"{ATTENTION_ENV}={choice!r}: expected {' or '.join(ATTENTION_CHOICES)}")
         return choice
     half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     return "cudnn" if half and jax.default_backend() == "gpu" else "xla"
@@ -136,7 +133,7 @@ def attention(q, k, v):
     takes these shapes (else XLA's: on ROCm, or a head dimension cuDNN does not run),
     unless EXAPLAN_JAX_ATTENTION asks for it explicitly."""
     impl = attention_implementation(q.dtype)
-    if impl == "cudnn" and not os.environ.get(ATTENTION_ENV):
+    if impl == "cudnn" and attention_choice() is None:  # picked here, not asked for: fall back where it refuses
         try:
             return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
         except (RuntimeError, ValueError, NotImplementedError) as e:

@@ -64,14 +64,20 @@ def latest_step(ckpt_dir: Path) -> int | None:
     return max(steps, default=None)
 
 
+def attention_choice() -> str | None:
+    """The attention kernel EXAPLAN_JAX_ATTENTION asks for (xla or cudnn), None where unset;
+    refused, naming it, otherwise (`exaplan run` asks before JAX starts; jaxrt/model.py again)."""
+    choice = os.environ.get(ATTENTION_ENV, "").strip().lower()
+    if choice and choice not in ATTENTION_CHOICES:
+        raise PlanError(f"{ATTENTION_ENV}={choice!r}: expected {' or '.join(ATTENTION_CHOICES)}")
+    return choice or None
+
+
 def check_before_start(args, plan: Plan) -> None:
     """What can be refused before JAX starts: the layout, the steps, the checkpoints, the
     attention kernel asked for."""
     check_runs(plan)
-    choice = os.environ.get(ATTENTION_ENV, "").strip().lower()
-    if choice and choice not in ATTENTION_CHOICES:
-        raise PlanError(f"{choice!r} is no attention kernel of the JAX backend: {' or '.join(ATTENTION_CHOICES)}",
-                        field=ATTENTION_ENV)
+    attention_choice()
     if args.steps <= 0:
         raise PlanError("must be a positive number of steps", field="steps")
     if args.io_mode == "io-only":
