@@ -145,6 +145,8 @@ JAX_TWINS = {
     "gpu/protein-1.2b-h2048_1xh100_s8192_jax.yaml": ("gpu/protein-1.2b-h2048_1xh100_s8192.yaml", ""),
     "gpu/protein-0.3b-h1024_1xh100_s2048_jax.yaml": ("gpu/protein-0.3b-h1024_1xh100_s2048.yaml", ""),
     "gpu/protein-3.5b_1xh100_s2048_jax_full.yaml": ("gpu/protein-3.5b_1xh100_s2048_full.yaml", ""),
+    "gpu/protein-3.5b_1xh100_s2048_jax_op.yaml": ("gpu/protein-3.5b_1xh100_s2048_op.yaml", ""),
+    "gpu/protein-1.2b-h2048_1xh100_s8192_jax_sel.yaml": ("gpu/protein-1.2b-h2048_1xh100_s8192_sel.yaml", ""),
 }
 EXAMPLES.update({name: f"{EXAMPLES[torch_twin]}{extra} --backend jax" for name, (torch_twin, extra) in JAX_TWINS.items()})
 
