@@ -72,10 +72,12 @@ bench-gpu: venv
 
 # On a GPU machine too, the JAX backend: the JAX twins of the H100 plans (README "The JAX backend
 # on a GPU"), measured against predicted. Needs JAX's CUDA plugin of the `jax` extra's version in
-# .venv (e.g. `.venv/bin/pip install "jax[cuda13]==0.10.2"`). About 8 minutes, mostly XLA compiling.
+# .venv (e.g. `.venv/bin/pip install "jax[cuda13]==0.10.2"`). About 15 minutes, mostly XLA compiling.
 JAX_GPU_PLANS = $(subst $(space),$(comma),$(addprefix plans/gpu/,protein-3.5b_1xh100_jax.yaml \
 	protein-3.5b_1xh100_jax_mbs8.yaml protein-1.2b-h2048_1xh100_s4096_jax.yaml \
-	protein-1.2b-h2048_1xh100_s8192_jax.yaml protein-0.3b-h1024_1xh100_s2048_jax.yaml))
+	protein-1.2b-h2048_1xh100_s8192_jax.yaml protein-0.3b-h1024_1xh100_s2048_jax.yaml \
+	protein-3.5b_1xh100_s2048_jax_full.yaml protein-3.5b_1xh100_s2048_jax_op.yaml \
+	protein-1.2b-h2048_1xh100_s8192_jax_sel.yaml protein-3.5b_1xh100_jax_search.yaml))
 comma := ,
 space := $(subst ,, )
 bench-gpu-jax: venv

@@ -117,12 +117,18 @@ CASES = {"h200": ("h200", "h200", 512, 32, 32, "protein-3.5b"), "h100": ("h100",
          "h100-jax-mbs8": ("h100", "h100_jax_mbs8", 512, 32, 8, "protein-3.5b"),
          "h100-s4096-jax": ("h100", "h100_s4096_jax", 4096, 16, 4, "protein-1.2b-h2048"),
          "h100-s8192-jax": ("h100", "h100_s8192_jax", 8192, 8, 2, "protein-1.2b-h2048"),
-         "h100-h1024-jax": ("h100", "h100_s2048_jax", 2048, 64, 8, "protein-0.3b-h1024")}
+         "h100-h1024-jax": ("h100", "h100_s2048_jax", 2048, 64, 8, "protein-0.3b-h1024"),
+         "h100-s2048-full-jax": ("h100", "h100_s2048_jax_full", 2048, 16, 8, "protein-3.5b"),
+         "h100-s2048-op-jax": ("h100", "h100_s2048_jax_op", 2048, 16, 4, "protein-3.5b"),
+         "h100-s8192-sel-jax": ("h100", "h100_s8192_jax_sel", 8192, 8, 2, "protein-1.2b-h2048"),
+         "h100-sel-jax": ("h100", "h100_jax_search", 512, 32, 32, "protein-3.5b")}
 # The recompute level of a case (none unless given).
 RECOMPUTE = {"h100-full": Recompute.full, "h100-s4096-full": Recompute.full, "h100-s8192-sel": Recompute.selective,
              "h100-s2048-full": Recompute.full, "h100-s4096-full4": Recompute.full,
              "h100-op": Recompute.selective_op, "h100-s4096-op": Recompute.selective_op,
-             "h100-s8192-op": Recompute.selective_op, "h100-s2048-op": Recompute.selective_op}
+             "h100-s8192-op": Recompute.selective_op, "h100-s2048-op": Recompute.selective_op,
+             "h100-s2048-full-jax": Recompute.full, "h100-s2048-op-jax": Recompute.selective_op,
+             "h100-s8192-sel-jax": Recompute.selective, "h100-sel-jax": Recompute.selective}
 # Models other than the presets: protein-3.5b's block at section A's 1.7B shape.
 MODELS = {"protein-1.2b-h2048": dict(name="protein-1.2b-h2048", layers=24, hidden=2048, heads=16, kv_heads=16,
                                      ffn_hidden=5504),
@@ -154,7 +160,10 @@ MEDIAN_STEP_S = {("h200", "compile"): 0.5734, ("h200", "eager"): 0.7338,
                  ("h100-s4096-full4", "compile"): 1.3844,
                  # the JAX backend: docs/gpu/2026-11-27-h100-jax{,-blind}.json
                  ("h100-jax", "jax"): 0.5843, ("h100-jax-mbs8", "jax"): 0.6386, ("h100-s4096-jax", "jax"): 1.0773,
-                 ("h100-s8192-jax", "jax"): 1.2365, ("h100-h1024-jax", "jax"): 0.6792}
+                 ("h100-s8192-jax", "jax"): 1.2365, ("h100-h1024-jax", "jax"): 0.6792,
+                 # recompute, each predicted before it ran: docs/gpu/2026-11-27-h100-jax-{full,recompute,search}.json
+                 ("h100-s2048-full-jax", "jax"): 1.4136, ("h100-s2048-op-jax", "jax"): 1.3486,
+                 ("h100-s8192-sel-jax", "jax"): 1.3630, ("h100-sel-jax", "jax"): 0.5610}
 # The evidence file of a case: docs/gpu/2026-11-26-<evidence(case, mode)>-<mode>.json (EVIDENCE,
 # or EVIDENCE_BY_MODE for a run measured in a later call than its twin).
 EVIDENCE = {"h200": "h200", "h100": "h100", "h100-s2048": "h100-s2048", "h100-s4096": "h100-h2048-s4096",
@@ -167,7 +176,9 @@ EVIDENCE_BY_MODE = {("h100-s4096-full4", "compile"): "h100-op2"}
 # The JAX backend's evidence files (docs/gpu/<file>).
 JAX_EVIDENCE = {"h100-jax": "2026-11-27-h100-jax.json", "h100-jax-mbs8": "2026-11-27-h100-jax.json",
                 "h100-s4096-jax": "2026-11-27-h100-jax.json", "h100-s8192-jax": "2026-11-27-h100-jax-blind.json",
-                "h100-h1024-jax": "2026-11-27-h100-jax-blind.json"}
+                "h100-h1024-jax": "2026-11-27-h100-jax-blind.json", "h100-s2048-full-jax": "2026-11-27-h100-jax-full.json",
+                "h100-s2048-op-jax": "2026-11-27-h100-jax-recompute.json",
+                "h100-s8192-sel-jax": "2026-11-27-h100-jax-recompute.json", "h100-sel-jax": "2026-11-27-h100-jax-search.json"}
 
 
 def evidence(case: str, mode: str) -> str:

@@ -139,14 +139,15 @@ EXAMPLES = {
 # the same block at 8,192 tokens and the narrow one; protein-3.5b at 2,048 tokens under full
 # recompute, the third, failed to trace (the rotary tables, since fixed) and is not measured.
 JAX_TWINS = {
-    "gpu/protein-3.5b_1xh100_jax.yaml": ("gpu/protein-3.5b_1xh100.yaml", ""),
+    "gpu/protein-3.5b_1xh100_jax.yaml": ("gpu/protein-3.5b_1xh100.yaml", " --mbs 16 --recompute none"),
+    "gpu/protein-3.5b_1xh100_jax_search.yaml": ("gpu/protein-3.5b_1xh100.yaml", ""),
     "gpu/protein-3.5b_1xh100_jax_mbs8.yaml": ("gpu/protein-3.5b_1xh100.yaml", " --mbs 8"),
     "gpu/protein-1.2b-h2048_1xh100_s4096_jax.yaml": ("gpu/protein-1.2b-h2048_1xh100_s4096.yaml", ""),
     "gpu/protein-1.2b-h2048_1xh100_s8192_jax.yaml": ("gpu/protein-1.2b-h2048_1xh100_s8192.yaml", ""),
     "gpu/protein-0.3b-h1024_1xh100_s2048_jax.yaml": ("gpu/protein-0.3b-h1024_1xh100_s2048.yaml", ""),
     "gpu/protein-3.5b_1xh100_s2048_jax_full.yaml": ("gpu/protein-3.5b_1xh100_s2048_full.yaml", ""),
     "gpu/protein-3.5b_1xh100_s2048_jax_op.yaml": ("gpu/protein-3.5b_1xh100_s2048_op.yaml", ""),
-    "gpu/protein-1.2b-h2048_1xh100_s8192_jax_sel.yaml": ("gpu/protein-1.2b-h2048_1xh100_s8192_sel.yaml", ""),
+    "gpu/protein-1.2b-h2048_1xh100_s8192_jax_sel.yaml": ("gpu/protein-1.2b-h2048_1xh100_s8192_sel.yaml", " --mbs 2"),
 }
 EXAMPLES.update({name: f"{EXAMPLES[torch_twin]}{extra} --backend jax" for name, (torch_twin, extra) in JAX_TWINS.items()})
 

@@ -311,14 +311,30 @@ def op_kept_bytes(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay
     return kept_input_bytes(model, job, lay) + gemms + reduce_scatters + core
 
 
+def xla_selective_kept_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """What one block keeps under the JAX backend's selective recompute, per micro-batch
+    (jaxrt/model.py: jax's dots_with_no_batch_dims_saveable): its input and the outputs of the
+    matmuls against weights that backward needs (q, k, v and the attention's output projection;
+    gate and up for SwiGLU, the up projection for GELU), the row-parallel projection's before its
+    tensor-parallel reduction (T x h on every rank); everything else (norms, RoPE, the attention
+    core, the activation) is recomputed (jax's saved_residuals: tests/jaxrt/test_jax_model.py)."""
+    T = lay.mbs * job.seq_len / lay.cp
+    B = bytes_per_element(job.precision)
+    h, f, t = model.hidden, model.ffn_hidden, lay.tp
+    kv = model.kv_heads * model.head_dim
+    wide = 2 if model.activation == "swiglu" else 1
+    return kept_input_bytes(model, job, lay) + T * (h + 2 * kv + wide * f) * B / t + T * h * B
+
+
 def activation_parts(model: ModelSpec, machine: MachineModel, job: TrainingJob, lay: Layouts,
                      per_logit: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(bytes per in-flight micro-batch, the first stage's fixed bytes, the last stage's fixed
     bytes) of activations; with one stage the last one's are its own.
     Per micro-batch: its blocks' kept tensors (full recompute keeps each block's input only,
     fp32 under autocast_on_fp32_weights; selective drops the attention scores; selective-op
-    keeps op_kept_bytes). Fixed on every stage: what the last block's backward adds, its MLP's
-    gradients (backward_temporaries_bytes) and, under full or selective-op recompute, its
+    keeps op_kept_bytes; the JAX backend's selective, xla_selective_kept_bytes). Fixed on every
+    stage: what the last block's backward adds, its MLP's gradients (backward_temporaries_bytes)
+    and, under full or selective-op recompute (and XLA's selective), its
     recomputed working set less what it kept (the kept tensors are part of it, counted once).
     On the last stage, the largest of that, what the loss holds (loss_bytes, `per_logit` bytes
     a logit) and what the final norm's backward holds (head_bytes): the three never coexist,
@@ -326,6 +342,10 @@ def activation_parts(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     block = backward_tail_bytes(model, machine, job, lay)  # what a block keeps without recompute, its working set with it
     full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
     kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
+    if compiled_step(job):  # XLA's selective keeps the matmuls' outputs and replays the rest
+        xla_sel = lay.recompute == RC_SELECTIVE
+        kept = np.where(xla_sel, xla_selective_kept_bytes(model, job, lay), kept)
+        op = op | xla_sel
     per_microbatch = np.ceil(model.layers / lay.pp) * kept
     working = np.where(full | op, np.maximum(block - kept, 0.0), 0.0) + backward_temporaries_bytes(model, job, lay)
     last = np.maximum(np.maximum(working, loss_bytes(model, job, lay, per_logit)), head_bytes(model, job, lay))

@@ -94,11 +94,14 @@ def test_the_driver_on_the_cpu(tmp_path):
 
 
 def test_make_bench_gpu_jax_runs_the_jax_plans():
-    """`make bench-gpu-jax`'s plans are the committed JAX twins, each a one-GPU jax plan."""
+    """`make bench-gpu-jax`'s plans are the committed JAX twins (cli/examples.py), each a one-GPU
+    jax plan."""
+    from cli.examples import JAX_TWINS
+
     res = subprocess.run(["make", "-n", "bench-gpu-jax"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     plans = res.stdout.split("--plans ", 1)[1].split()[0].split(",")
-    assert len(plans) == 5 and "--exaplan-only" in res.stdout
+    assert sorted(plans) == sorted(f"plans/{name}" for name in JAX_TWINS) and "--exaplan-only" in res.stdout
     for name in plans:
         plan = yaml.safe_load((ROOT / name).read_text())
         assert plan["backend"] == "jax" and plan["nodes"] == 1 and plan["ranks_per_node"] == 1, name

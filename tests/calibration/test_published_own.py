@@ -30,9 +30,13 @@ CASES_RUN = ("h200", "h100", "h100-s2048", "h100-s4096", "h100-s8192", "h100-h10
 # recompute run with accumulation measured compiled in a later call: its first compiled run
 # finished without its file, the lent machine's time ran out).
 # The JAX backend's runs (mode "jax"), 2026-11-27: three measured first, two predicted before
-# they ran (docs/gpu/2026-11-27-h100-jax-blind-predictions.json).
-JAX_RUN = ("h100-jax", "h100-jax-mbs8", "h100-s4096-jax", "h100-s8192-jax", "h100-h1024-jax")
+# they ran (docs/gpu/2026-11-27-h100-jax-blind-predictions.json); then four with recompute, each
+# predicted before it ran (2026-11-27-h100-jax-{full,recompute,search}-predictions.json), the
+# full-recompute one before XLA's early stop was known (-10.4% with a whole replay, -6.2% after).
+JAX_RUN = ("h100-jax", "h100-jax-mbs8", "h100-s4096-jax", "h100-s8192-jax", "h100-h1024-jax",
+           "h100-s2048-full-jax", "h100-s2048-op-jax", "h100-s8192-sel-jax", "h100-sel-jax")
 JAX_BLIND = ("h100-s8192-jax", "h100-h1024-jax")
+JAX_RECOMPUTE_BLIND = {"h100-s2048-op-jax": "recompute", "h100-s8192-sel-jax": "recompute", "h100-sel-jax": "search"}
 RUN_PAIRS = {(c, m) for c in CASES_RUN for m in ("compile", "eager")} | {(c, "jax") for c in JAX_RUN}
 OUTSIDE_BAND: set[tuple[str, str]] = set()  # every run inside its band since the eager surplus was measured
 PROTEIN_35B = ("h200", "h100", "h100-s2048")
@@ -111,14 +115,22 @@ def test_the_measured_kernels_carry_the_long_and_narrow_compiled_cases():
 def test_the_jax_backend_within_6_percent_and_blind_within_2():
     """The JAX backend on the H100 (jax profile: the kind's measured kernels, 16 bytes per
     parameter per micro-batch counted): the three runs measured first within 6%, the two
-    predicted before they ran within 2%, and those predictions are the committed ones."""
+    predicted before they ran within 2%, and those predictions are the committed ones. The four
+    recompute runs within 8% (blind: selective-op -3.9%, selective +0.9%, the search's pick,
+    selective at micro-batch 32, -7.2%; full recompute -6.2% once XLA's early stop was known),
+    the three whose predictions stand at the committed figures."""
     blind = json.loads((ROOT / "docs" / "gpu" / "2026-11-27-h100-jax-blind-predictions.json").read_text())["plans"]
     for run in own_gpu_runs():
         case, mode = _card_mode(run)
         if mode != "jax":
             continue
         predicted, ev = predict(run, load_machine(run.machine))
-        assert abs(predicted / run.figure - 1) < (0.02 if case in JAX_BLIND else 0.06), run.id
+        recompute = run.layout.recompute.value != "none"
+        assert abs(predicted / run.figure - 1) < (0.02 if case in JAX_BLIND else 0.08 if recompute else 0.06), run.id
+        name = f"{CASES[case][5]}_1x{CASES[case][1]}"
         if case in JAX_BLIND:
-            name = f"{CASES[case][5]}_1x{CASES[case][1]}"
             assert float(ev.step_time_s[0]) == pytest.approx(blind[name]["step_time_s"], rel=1e-6)
+        if case in JAX_RECOMPUTE_BLIND:
+            file = ROOT / "docs" / "gpu" / f"2026-11-27-h100-jax-{JAX_RECOMPUTE_BLIND[case]}-predictions.json"
+            stated = json.loads(file.read_text())["plans"][name]["step_time_s"]
+            assert float(ev.step_time_s[0]) == pytest.approx(stated, rel=1e-6), run.id

@@ -188,3 +188,63 @@ def test_what_a_bf16_block_saves_is_what_the_planner_counts_for_jax(remat):
     assert float(memory.kept_input_bytes(spec, job, lay)[0]) == stream * 2  # bf16
     torch_job = job.model_copy(update={"framework": load_framework("exaplan")})
     assert float(memory.kept_input_bytes(spec, torch_job, lay)[0]) == stream * 4  # fp32 under torch's autocast
+
+
+
+def _compiled_dots(fn, *args) -> int:
+    """dot ops in XLA's compiled `fn`."""
+    import re
+
+    return len(re.findall(r"= \S+ dot\(", jax.jit(fn).lower(*args).compile().as_text()))
+
+
+@pytest.mark.parametrize("spec", VARIANTS[:2], ids=["swiglu", "gelu"])
+def test_xlas_full_recompute_stops_before_the_down_projection(spec):
+    """Full recompute replays every matmul of a block's forward but its last, the down
+    projection, whose output nothing in backward needs (XLA removes it as dead code): the jax
+    profile's recompute_early_stop, as torch's non-reentrant checkpoint (planner/cost/flops.py).
+    Measured on one H100: a whole replay predicted protein-3.5b's full-recompute step 10.4% slow
+    (docs/gpu/2026-11-27-h100-jax-full.json)."""
+    import flax.linen as nn
+
+    from jaxrt.model import REMAT_POLICIES, Block
+    from machine_models import load_framework
+
+    dims = Dims.of(spec)
+    x = jnp.ones((2, spec.seq_len, spec.hidden), jnp.bfloat16)
+    plain = Block(dims, jnp.bfloat16)
+    remat = nn.remat(Block, policy=REMAT_POLICIES["full"], prevent_cse=True)(dims, jnp.bfloat16)
+    params = plain.init(jax.random.key(0), x, None)
+
+    def step(block):  # the loss value and the gradients, as a training step asks for them
+        return jax.value_and_grad(lambda p, x: block.apply(p, x, None).astype(jnp.float32).sum(), argnums=(0, 1))
+
+    forward = _compiled_dots(lambda p, x: plain.apply(p, x, None), params, x)
+    replayed = _compiled_dots(step(remat), params, x) - _compiled_dots(step(plain), params, x)
+    assert replayed == forward - 1
+    assert load_framework("jax").recompute_early_stop
+
+
+def test_what_xlas_selective_recompute_keeps_is_what_the_planner_counts():
+    """jax's dots_with_no_batch_dims_saveable (the backend's "selective") keeps a block's input
+    and its matmuls' outputs but the down projection's; the planner counts the same bytes
+    (memory.xla_selective_kept_bytes), not torch's selective (the whole block less the scores,
+    which predicted a 1.2B block at 8,192 tokens 35% over XLA's peak on one H100)."""
+    import flax.linen as nn
+    from jax._src.ad_checkpoint import saved_residuals
+
+    from jaxrt.model import REMAT_POLICIES, Block
+    from machine_models import load_framework
+    from planner.cost import memory
+    from planner.cost.layout import Layouts
+    from planner.schema.specs import TrainingJob
+
+    for spec in VARIANTS:
+        block = nn.remat(Block, policy=REMAT_POLICIES["selective"], prevent_cse=True)(Dims.of(spec), jnp.bfloat16)
+        x = jnp.ones((2, spec.seq_len, spec.hidden), jnp.bfloat16)
+        params = block.init(jax.random.key(0), x, None)
+        saved = saved_residuals(lambda p, x: block.apply(p, x, None).astype(jnp.float32).sum(), params, x)
+        kept = sum(a.size * a.dtype.itemsize for a, desc in saved if "p['params']" not in desc)
+        job = TrainingJob(global_batch=2, seq_len=spec.seq_len, precision="bf16", framework=load_framework("jax"))
+        lay = Layouts.one(dp=1, mbs=2, recompute="selective")
+        assert float(memory.xla_selective_kept_bytes(spec, job, lay)[0]) == kept, spec.name
