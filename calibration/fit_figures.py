@@ -99,8 +99,8 @@ GRID_STARTS = {
     "step_overhead_s": (0.0, 0.15, 0.3),
 }
 GRID_KEEP = 1
-# The exposed-traffic terms are max(traffic - overlap x compute, floor): flat in overlap.dp
-# where every row of a framework sits at its floor, so a gradient cannot leave such a
+# The exposed-traffic terms are max(traffic - min(traffic, compute) x overlap, floor): flat in
+# overlap.dp where every row of a framework sits at its floor, so a gradient cannot leave such a
 # stretch. After the gradient fit, each framework's overlap.dp is scanned over OVERLAP_SCAN
 # with its step overhead re-chosen on OVERHEAD_SCAN (see _refit_from_scans).
 OVERLAP_SCAN = tuple(np.round(np.arange(0.1, 1.0001, 0.05), 3))

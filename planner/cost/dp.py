@@ -215,8 +215,12 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     optimizer_s = opt_params * per_param / (machine.memory_bandwidth_gbyte_s * 1e9)
     # Operators the optimizer launches: per parameter tensor, or per flat bucket under ZeRO.
     tensors = np.where(zero, d.zb, d.n_blocks * compute.TENSORS_PER_BLOCK + 3)
-    optimizer_s = optimizer_s + machine.step_overhead_s + machine.op_overhead_us * 1e-6 * compute.OPTIMIZER_OPS_PER_TENSOR * tensors
-    optimizer_s = np.maximum(optimizer_s, compute.step_launch_floor_s(machine, job))  # the host's fixed work, on a GPU
+    # The host's fixed work per step: measured for the framework where it has it (step_launch_s,
+    # a floor under the optimizer on a GPU), else the fitted step_overhead_s of its rows.
+    launch_floor = compute.step_launch_floor_s(machine, job)
+    fixed = machine.step_overhead_s if launch_floor == 0.0 else 0.0
+    optimizer_s = optimizer_s + fixed + machine.op_overhead_us * 1e-6 * compute.OPTIMIZER_OPS_PER_TENSOR * tensors
+    optimizer_s = np.maximum(optimizer_s, launch_floor)
     return MeshCosts(
         F_total, F_floor, K_total, K_floor,
         F_per_mb=d.fsdp, K_per_mb=d.fsdp | (s == SH_ZERO2),

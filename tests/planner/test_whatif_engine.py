@@ -55,7 +55,16 @@ def test_deadline_fewest_cheapest_and_efficiency(sweep):
     assert d["met"] and d["fewest"].nodes == min(p.nodes for p in meet)
     assert d["cheapest"].node_hours == min(p.node_hours for p in meet)
     assert sweep.points[0].scaling_efficiency == 1.0
-    assert all(p.scaling_efficiency <= 1.0 + 1e-9 for p in sweep.points)
+    # Never much above linear, but a little can be: at 8 nodes each rank needs no accumulation
+    # (fsdp-grad-op, one micro-batch of 16) where 2 nodes take 4 under hsdp, and FSDP gathers the
+    # weights every micro-batch, part of which shows even under compute (the contention form of
+    # planner/cost/step.py): 1.0067 at 8 nodes.
+    assert all(p.scaling_efficiency <= 1.02 for p in sweep.points)
+    def accumulation(p):  # "dp64 fsdp-grad-op | mbs16 x 1"
+        return int(p.layout.split(" x ")[1].split()[0])
+
+    assert all(p.scaling_efficiency <= 1.0 + 1e-9 or accumulation(p) < accumulation(sweep.points[0])
+               for p in sweep.points)
     assert sweep.fastest[0]["by_node_hours"][0]["machine"] == "dgx-h100"
 
 
