@@ -135,7 +135,7 @@ class MatmulEfficiency(Spec):
 class Overlap(Spec):
     """Fractions of communication hidden behind computation (fitted per device kind)."""
 
-    dp: Fraction = Field(0.9, description="Of data-parallel/FSDP traffic hidden behind backward (and forward) compute.")
+    dp: Fraction = Field(0.9, description="Of dp/FSDP traffic under backward (or forward) compute, the part hidden.")
     tp: Fraction = Field(0.0, description="Of tensor-parallel traffic hidden (0 unless the framework overlaps it).")
     pp: Fraction = Field(0.5, description="Of pipeline point-to-point traffic hidden.")
     cp: Fraction = Field(0.8, description="Of context-parallel (ring attention) traffic hidden behind attention.")
@@ -303,7 +303,7 @@ class FrameworkProfile(Spec):
     name: Name = Field("exaplan", description="exaplan (torch FSDP2/DDP/pipelining), megatron, deepspeed, ...")
     description: Text = Field("", description="What the profile stands for and where its figures come from.")
     overlap_dp: Fraction | None = Field(
-        None, description="Hidden fraction of data-parallel traffic (fitted); None: the machine's own figure "
+        None, description="Hidden fraction of the data-parallel traffic under compute (fitted); None: the machine's own figure "
                           "(its device kind's, fitted for exaplan's runtime).")
     step_overhead_s: Time | None = Field(None, description="Fixed cost of every optimizer step (fitted), s; None: the machine's own figure.")
     overlap_tp: Fraction = Field(0.0, description="Hidden fraction of tensor-parallel traffic (Megatron's "
