@@ -342,12 +342,13 @@ def activation_parts(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     block = backward_tail_bytes(model, machine, job, lay)  # what a block keeps without recompute, its working set with it
     full, op = lay.recompute == RC_FULL, lay.recompute == RC_OP
     kept = np.where(full, kept_input_bytes(model, job, lay), np.where(op, op_kept_bytes(model, machine, job, lay), block))
+    replayed = full | op  # blocks whose backward rebuilds their working set
     if compiled_step(job):  # XLA's selective keeps the matmuls' outputs and replays the rest
         xla_sel = lay.recompute == RC_SELECTIVE
         kept = np.where(xla_sel, xla_selective_kept_bytes(model, job, lay), kept)
-        op = op | xla_sel
+        replayed = replayed | xla_sel
     per_microbatch = np.ceil(model.layers / lay.pp) * kept
-    working = np.where(full | op, np.maximum(block - kept, 0.0), 0.0) + backward_temporaries_bytes(model, job, lay)
+    working = np.where(replayed, np.maximum(block - kept, 0.0), 0.0) + backward_temporaries_bytes(model, job, lay)
     last = np.maximum(np.maximum(working, loss_bytes(model, job, lay, per_logit)), head_bytes(model, job, lay))
     return per_microbatch, working, last
 
