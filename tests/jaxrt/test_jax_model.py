@@ -190,7 +190,6 @@ def test_what_a_bf16_block_saves_is_what_the_planner_counts_for_jax(remat):
     assert float(memory.kept_input_bytes(spec, torch_job, lay)[0]) == stream * 4  # fp32 under torch's autocast
 
 
-
 def _compiled_dots(fn, *args) -> int:
     """dot ops in XLA's compiled `fn`."""
     import re
