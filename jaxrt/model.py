@@ -128,6 +128,20 @@ def attention_implementation(dtype) -> str:
     return "cudnn" if half and jax.default_backend() == "gpu" else "xla"
 
 
+# Why cuDNN's attention did not run where `attention_implementation` picked it (one entry per
+# refusal at trace time; empty where it ran or was never picked): `attention_in_use` reads it.
+_CUDNN_REFUSED: list[str] = []
+
+
+def attention_in_use(dtype) -> str:
+    """The kernel `attention` ran with, once a step has been traced: `attention_implementation`,
+    or "xla (cuDNN refused: ...)" where cuDNN's kernel was picked and refused the shapes."""
+    impl = attention_implementation(dtype)
+    if impl == "cudnn" and attention_choice() is None and _CUDNN_REFUSED:
+        return f"xla (cuDNN refused: {_CUDNN_REFUSED[-1]})"
+    return impl
+
+
 def attention(q, k, v):
     """Causal attention; cuDNN's kernel where `attention_implementation` picks it and it
     takes these shapes (else XLA's: on ROCm, or a head dimension cuDNN does not run),
@@ -138,6 +152,7 @@ def attention(q, k, v):
             return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
         except (RuntimeError, ValueError, NotImplementedError) as e:
             warnings.warn(f"cuDNN attention does not run here ({e}); XLA's einsums instead", stacklevel=2)
+            _CUDNN_REFUSED.append((str(e).strip().splitlines() or [type(e).__name__])[0][:200])
             impl = "xla"
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
 

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from jaxrt import checkpoint as ckpt
 from jaxrt.data import GlobalBatches, SyntheticCounter
-from jaxrt.model import attention_implementation
+from jaxrt.model import attention_implementation, attention_in_use
 from jaxrt.sharding import build_mesh
 from jaxrt.step import Trainer, compute_dtype
 from planner.schema.plan import Plan
@@ -129,6 +129,8 @@ def train(args, plan: Plan, prepared: Path | None, stop=None) -> int:
         step_time = time.perf_counter() - t0
         lr = run.trainer.lr_at(step)
         writer.log_step(step, loss, tokens, step_time, peak_memory_bytes(), lr=lr, grad_norm=grad_norm)
+        if step == run.start_step:  # the step is traced: say so where cuDNN's attention refused it
+            _report_attention(run, writer, step)
         if run.main and (step % args.log_every == 0 or step == args.steps - 1):
             print(f"step {step:5d}  loss {loss:.4f}  {step_time * 1e3:8.1f} ms/step", flush=True)
         _fault_injection(step)
@@ -153,6 +155,16 @@ def train(args, plan: Plan, prepared: Path | None, stop=None) -> int:
         run.save(args.steps)
     writer.finish({"val_loss": val, "backend": "jax"})
     return 0
+
+
+def _report_attention(run, writer, step: int) -> None:
+    """The start-up line names the kernel asked for; where cuDNN's refused the traced shapes
+    and XLA's einsums ran instead, a line and a metrics event say so."""
+    used = attention_in_use(compute_dtype(run.plan))
+    if used != attention_implementation(compute_dtype(run.plan)):
+        writer.log_event("attention", step, kernel=used)
+        if run.main:
+            print(f"attention: {used}", flush=True)
 
 
 def _fault_injection(step: int) -> None:

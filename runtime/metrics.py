@@ -226,7 +226,9 @@ class MetricsWriter:
     def log_event(self, kind: str, step: int, **fields) -> dict[str, Any]:
         """A record of what happened to the run: {"kind": "resume", step, sample, checkpoint}
         when it continues from a checkpoint; {"kind": "stop", step, reason, resume_step,
-        checkpoint, exit_code} when a signal stopped it (runtime/walltime.py)."""
+        checkpoint, exit_code} when a signal stopped it (runtime/walltime.py); {"kind":
+        "attention", step, kernel} when the JAX backend's cuDNN attention refused the traced
+        shapes and XLA's ran instead (jaxrt/trainer.py)."""
         if not self.enabled:
             return {}
         record = {"kind": kind, "step": int(step), **fields, "time": time.time()}
