@@ -26,8 +26,13 @@ demo: venv
 	$(BIN)/exaplan plan --model protein-small --machine local --global-batch 4 --seq-len 128 --top 3 -o runs/demo/plan.yaml
 	$(BIN)/exaplan run runs/demo/plan.yaml --steps $(DEMO_STEPS) --out runs/demo --log-every 20 --val-every 50
 
+# `make test` runs on TEST_WORKERS processes (pytest-xdist; the longest tests, DPO's learning
+# check and the multi-rank runs, spread over them): 9.7 min on this 2-core machine against 14
+# serially. Each rank of a multi-rank test still takes its share of the cores; TEST_WORKERS=0
+# runs serially. `make test-all` stays serial: its slow multi-rank runs time walltime signals.
+TEST_WORKERS ?= 2
 test: venv
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 # The fuzz tests (tests/fuzz) run 25 examples each with a fixed seed in `make test`, and
 # EXAPLAN_FUZZ_DEEP examples each with a fresh seed in `make test-all`.
