@@ -113,13 +113,25 @@ def parse_vary(text: str) -> Vary:
         raise PlanError(f"expected FIELD=v1,v2 or FIELD=x0.5,x2, got {text!r}", field="vary")
     key, raw = (s.strip() for s in text.split("=", 1))
     if key.partition(".")[0] not in ("model", "machine") or not key.partition(".")[2]:
-        raise PlanError(f"the field is a dotted path starting model. or machine., got {key!r}", field="vary")
+        raise PlanError(f"the field is a dotted path starting model. or machine., got {key!r}{_prefixed(key)}",
+                        field="vary")
     labels = [s.strip() for s in raw.split(",")]
     if not raw.strip() or any(not s for s in labels):
         raise PlanError(f"no values (or an empty one) in {text!r}", field="vary")
     if len(set(labels)) != len(labels):
         raise PlanError(f"a value is repeated in {text!r}", field="vary")
     return Vary(key, tuple(labels), tuple(_vary_value(s, text) for s in labels))
+
+
+def _prefixed(key: str) -> str:
+    """' (did you mean 'machine.nic_gbit_s'?)' where `key` names a field of a spec without its prefix."""
+    from planner.schema.specs import MachineModel, ModelSpec
+
+    head = key.partition(".")[0]
+    for prefix, spec in (("machine", MachineModel), ("model", ModelSpec)):
+        if head in spec.model_fields:
+            return f" (did you mean '{prefix}.{key}'?)"
+    return ""
 
 
 def _vary_value(label: str, whole: str):

@@ -166,6 +166,12 @@ def test_parse_nodes_and_vary():
         with pytest.raises(PlanError) as e:
             parse_vary(bad)
         assert e.value.field == "vary"
+    for bare, meant in (("nic_gbit_s", "machine.nic_gbit_s"), ("layers", "model.layers")):
+        with pytest.raises(PlanError, match=f"did you mean '{meant}'"):
+            parse_vary(f"{bare}=x2")
+    with pytest.raises(PlanError) as e:
+        parse_vary("nic_gbs=x2")
+    assert "did you mean" not in str(e.value)
 
 
 @pytest.mark.parametrize("kwargs, field", [
