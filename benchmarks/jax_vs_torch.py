@@ -56,7 +56,8 @@ from benchmarks.runtime_vs_torch import (  # noqa: E402
 )
 
 BACKENDS = ("torch", "jax")
-# The Makefile's `demo` target: `exaplan plan` with these options (and -o PLAN).
+# The Makefile's `demo` target's job: `exaplan plan` with these options (and -o PLAN), on `local`
+# where the demo plans on the machine its arrival calibration fitted.
 DEMO_PLAN_OPTIONS = ["--model", MODEL, "--machine", "local", "--global-batch", str(GLOBAL_BATCH),
                      "--seq-len", str(SEQ_LEN), "--top", "3"]
 # Plan name -> (the options added to the demo's, what the plan must hold).
