@@ -25,7 +25,7 @@ from calibration.fit_published import (FIT_COMMAND, FIT_MARK, FRAMEWORK_FIGURES,
 from calibration.published import PROFILE_OF
 from machine_models.frameworks import FRAMEWORKS_FILE
 from machine_models.loader import DEVICE_KINDS_FILE
-from machine_models.uncertainty import QUANTILE, UNCERTAINTY_FILE
+from machine_models.uncertainty import UNCERTAINTY_FILE, conformal_bound
 
 _FRAMEWORK_LINE = re.compile(r"^# fit: framework (\w+): (\{.*\})")
 
@@ -173,7 +173,8 @@ def write_uncertainty(errors: list[tuple[str, str, float]], path: Path = UNCERTA
                       date: str | None = None, held: dict[str, list[str]] | None = None,
                       held_out: list[tuple[str, str, float]] = ()) -> None:
     """machine_models/uncertainty.yaml from the leave-one-out errors of a refit: per device
-    kind and per framework profile, the rows, the median, the QUANTILE (p80) and the max of
+    kind and per framework profile, the rows, the median, the 80% conformal bound (p80:
+    machine_models.uncertainty.conformal_bound) and the max of
     |error|. `errors`: (device kind, framework profile, signed leave-one-out error) per row;
     `held`: profile -> the figures its rows could not fit (Fit.held), listed under it;
     `held_out`: (device kind, profile, signed error) of held-out rows (never fitted: out of
@@ -189,9 +190,9 @@ def write_uncertainty(errors: list[tuple[str, str, float]], path: Path = UNCERTA
         show the model worse than the fitted rows say, not better for the multi-node layouts
         most plans are."""
         a = np.abs(np.asarray(values, dtype=float))
-        p80 = float(np.quantile(a, QUANTILE))
+        p80 = conformal_bound(a)
         if extra and len(a) > extra:
-            p80 = max(p80, float(np.quantile(a[:len(a) - extra], QUANTILE)))
+            p80 = max(p80, conformal_bound(a[:len(a) - extra]))
         return {"rows": int(len(a)), **({"held_out_rows": extra} if extra else {}), "median": round(float(np.median(a)), 4),
                 "p80": round(p80, 4), "max": round(float(a.max()), 4)}
 
@@ -213,6 +214,7 @@ def write_uncertainty(errors: list[tuple[str, str, float]], path: Path = UNCERTA
                            for k, v in sorted(by_framework.items())}}
     header = (f"# Leave-one-out |error| of the published-run fit, written by `{FIT_COMMAND} --loo`, {date},\n"
               "# with the held-out errors of exaplan's own runs on GPUs (section M, held_out_rows) pooled in.\n"
+              "# p80: the 80% conformal bound of |error| (machine_models/uncertainty.py conformal_bound).\n"
               "# Read by machine_models/uncertainty.py: the p80 of a device kind and of a framework bound\n"
               "# the intervals of every prediction on that kind with that framework.\n")
     Path(path).write_text(header + yaml.safe_dump(body, sort_keys=False))

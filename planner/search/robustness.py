@@ -4,7 +4,7 @@ their uncertainty and re-rank the search's finalists under each draw.
 Each fitted figure (matmul peak fraction and half-size, attention factor, hidden fraction of
 data-parallel traffic, per-step overhead) is multiplied by exp(sigma z), z standard normal,
 independently per figure and draw, with sigma = u / 1.2816: u is the relative half-width of
-the prediction's interval (the 80th percentile of the leave-one-out |error|, see
+the prediction's interval (the 80% conformal bound of the leave-one-out |error|, see
 machine_models/uncertainty.py), and 1.2816 the 80th percentile of |z|. Values are clamped
 to each figure's physical range (planner/schema/figures.py). The finalists are the layouts
 the search re-scored (its best FINALISTS by the fast scores); a draw's winner is the finalist

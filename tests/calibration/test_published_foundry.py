@@ -123,7 +123,7 @@ def test_cli_summarises_section_l_and_lists_it_with_all_rows(capsys):
 
 
 def test_the_leave_one_out_intervals_cover_section_l_about_as_they_claim(predicted_l):
-    """The intervals come from the 80th percentile of the fitted rows' leave-one-out errors
+    """The intervals come from the 80% conformal bound of the fitted rows' leave-one-out errors
     (machine_models/uncertainty.py); on section L, which no fit saw, they should hold about
     80% of the published rates. 70% is the floor: below it the intervals claim too much."""
     from calibration.validate_published import interval_coverage
