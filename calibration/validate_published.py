@@ -216,6 +216,39 @@ def loo_summary(rows: list[ValidationRow]) -> tuple[float, float] | None:
     return (float(np.median(errs)), float(np.max(errs))) if errs else None
 
 
+# The targets of the published-run fit (issue 10): leave-one-out median and max |error|, rows.
+LOO_TARGETS = {"median": 0.03, "max": 0.10, "rows": 25}
+
+
+def loo_targets(rows: list[ValidationRow]) -> dict | None:
+    """Each target with its value and whether it is met, and the rows past the maximum
+    (largest first); None without leave-one-out errors."""
+    loo = loo_summary(rows)
+    if loo is None:
+        return None
+    n = sum(r.loo_error is not None for r in rows)
+    over = sorted((r for r in rows if r.loo_error is not None and abs(r.loo_error) > LOO_TARGETS["max"]),
+                  key=lambda r: -abs(r.loo_error))
+    return {"median": {"target": LOO_TARGETS["median"], "value": loo[0], "met": loo[0] <= LOO_TARGETS["median"]},
+            "max": {"target": LOO_TARGETS["max"], "value": loo[1], "met": loo[1] <= LOO_TARGETS["max"],
+                    "rows_over": {r.id: r.loo_error for r in over}},
+            "rows": {"target": LOO_TARGETS["rows"], "value": n, "met": n >= LOO_TARGETS["rows"]}}
+
+
+def _targets_line(rows: list[ValidationRow]) -> str | None:
+    t = loo_targets(rows)
+    if t is None:
+        return None
+
+    def mark(key: str) -> str:
+        return "met" if t[key]["met"] else "NOT met"
+
+    over = ", ".join(f"{k} {100 * v:+.1f}%" for k, v in t["max"]["rows_over"].items())
+    return (f"targets: leave-one-out median <= {100 * t['median']['target']:.0f}% ({100 * t['median']['value']:.1f}%: "
+            f"{mark('median')}), max <= {100 * t['max']['target']:.0f}% ({100 * t['max']['value']:.1f}%: {mark('max')}"
+            f"{': ' + over if over else ''}), at least {t['rows']['target']} rows ({t['rows']['value']}: {mark('rows')})")
+
+
 # --------------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------------
@@ -242,6 +275,8 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
         console.print("  " + line)
     if all(r.loo_error is None for r in rows):
         console.print("leave-one-out (fit without each row, then predict it): `--loo`")
+    else:
+        console.print(_targets_line(rows))
     for line in pinned_lines(rows):
         console.print(line)
     if held_out:
@@ -374,6 +409,8 @@ def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | No
         "by_framework": {fw: _summary_json(part) for fw, part in _groups(rows, "framework").items()},
         "gemm_benchmarks": gemm_benchmarks.report(),
     }
+    if loo_targets(rows) is not None:
+        out["targets"] = loo_targets(rows)
     if held_out:
         out["held_out"] = {"rows": [asdict(r) for r in held_out], "summary": _summary_json(held_out)}
         foundry = [r for r in held_out if r.section == "L"]
