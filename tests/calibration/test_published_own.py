@@ -38,11 +38,13 @@ JAX_RUN = ("h100-jax", "h100-jax-mbs8", "h100-s4096-jax", "h100-s8192-jax", "h10
 JAX_BLIND = ("h100-s8192-jax", "h100-h1024-jax")
 JAX_RECOMPUTE_BLIND = {"h100-s2048-op-jax": "recompute", "h100-s8192-sel-jax": "recompute", "h100-sel-jax": "search"}
 RUN_PAIRS = {(c, m) for c in CASES_RUN for m in ("compile", "eager")} | {(c, "jax") for c in JAX_RUN}
-# Every run was inside its band from the eager surplus's measurement until the contention form of
-# the exposed data-parallel traffic (planner/cost/step.py, 2026-11-27) narrowed H100's band from
-# 8.4% to 7.5%: three eager runs with recompute, 7.5-7.9% slow, now lie just outside it (within
-# 8.5%: test_held_out_and_predicted_within_the_stated_uncertainty).
-OUTSIDE_BAND = {("h100-full", "eager"), ("h100-s4096-full", "eager"), ("h100-s4096-op", "eager")}
+# Every run lies inside its stated band, and, whatever that band, within WITHIN of its
+# prediction: the largest are 7.8-7.9% (two eager runs with recompute at 4k tokens, the JAX
+# search's pick). The contention form's refit of 2026-11-27 narrowed H100's percentile band to
+# 7.5% and three eager recompute runs, 7.5-7.9% slow, lay just outside it (then held within 8.5%);
+# the conformal bound of the seventeenth session widened the band to 11.5%, so WITHIN holds every
+# run, the JAX ones (+/-30% stated) included, to 8.5%.
+WITHIN = 0.085
 PROTEIN_35B = ("h200", "h100", "h100-s2048")
 
 
@@ -91,8 +93,7 @@ def test_held_out_and_predicted_within_the_stated_uncertainty():
         predicted[card, mode], _ = predict(run, load_machine(run.machine))
         if mode in ("eager", "jax"):  # the plan's own prediction
             assert predicted[card, mode] == pytest.approx(plan["prediction"]["tokens_per_s"], rel=1e-6)
-        band = 0.085 if (card, mode) in OUTSIDE_BAND else unc["step_time"]
-        assert abs(predicted[card, mode] / run.figure - 1) < band, run.id
+        assert abs(predicted[card, mode] / run.figure - 1) < min(unc["step_time"], WITHIN), run.id
     for card in PROTEIN_35B:  # compiling removes the eager term: 20-30% faster on protein-3.5b's plans
         assert 1.15 < predicted[card, "compile"] / predicted[card, "eager"] < 1.4
 
