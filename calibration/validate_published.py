@@ -409,8 +409,9 @@ def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | No
         "by_framework": {fw: _summary_json(part) for fw, part in _groups(rows, "framework").items()},
         "gemm_benchmarks": gemm_benchmarks.report(),
     }
-    if loo_targets(rows) is not None:
-        out["targets"] = loo_targets(rows)
+    targets = loo_targets(rows)
+    if targets is not None:
+        out["targets"] = targets
     if held_out:
         out["held_out"] = {"rows": [asdict(r) for r in held_out], "summary": _summary_json(held_out)}
         foundry = [r for r in held_out if r.section == "L"]
