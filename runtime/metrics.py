@@ -144,6 +144,24 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _intervals(pred, step_time: float | None, peak_gib: float | None) -> dict[str, Any]:
+    """The plan's intervals (prediction.uncertainty: step time x (1 +/- u), a rate / (1 +/- u),
+    memory x (1 +/- u_mem)) and whether the measured figures lie inside; {} for a plan without."""
+    u = pred.uncertainty
+    if u is None:
+        return {}
+
+    def inside(value, lo_hi):
+        return None if value is None else bool(lo_hi[0] <= value <= lo_hi[1])
+
+    t = [pred.step_time_s * (1 - u.step_time), pred.step_time_s * (1 + u.step_time)]
+    m = [pred.memory_gib_per_device * (1 - u.memory), pred.memory_gib_per_device * (1 + u.memory)]
+    rate = [pred.tokens_per_s / (1 + u.step_time), pred.tokens_per_s / max(1 - u.step_time, 1e-9)]
+    return {"predicted_step_time_interval_s": t, "step_time_inside_interval": inside(step_time, t),
+            "predicted_tokens_per_s_interval": rate, "predicted_memory_interval_gib": m,
+            "memory_inside_interval": inside(peak_gib, m), "uncertainty_basis": u.basis}
+
+
 class MetricsWriter:
     """Per-step metrics to metrics.jsonl (and TensorBoard), the summary at the end.
 
@@ -312,6 +330,7 @@ class MetricsWriter:
             "mesh": dict(zip(("pp", "dp_replicate", "dp_shard", "cp", "tp"), plan.mesh.degrees)),
             "wall_time_s": time.time() - self._t0,
         }
+        out.update(_intervals(pred, step_time, out["peak_memory_gib"]))
         return out
 
     def finish(self, summary: dict | None = None) -> dict[str, Any]:
@@ -346,14 +365,26 @@ class MetricsWriter:
         def err(v):
             return "—" if v is None else f"{v:+.1%}"
 
+        def span(key, spec, inside):
+            lo_hi = s.get(key)
+            if lo_hi is None:
+                return "—"
+            mark = "" if inside is None else (" inside" if inside else " OUTSIDE")
+            return f"{format(lo_hi[0], spec)}-{format(lo_hi[1], spec)}{mark}"
+
         t = Table(title=f"Measured vs predicted: {s['model']} on {s['world_size']} ranks of {s['machine']} "
                         f"({s['steps_measured']} steps after {s['warmup_steps_excluded']} warm-up)")
-        for col, just in (("", "left"), ("measured", "right"), ("predicted", "right"), ("error", "right")):
+        for col, just in (("", "left"), ("measured", "right"), ("predicted", "right"), ("error", "right"),
+                          ("interval", "right")):
             t.add_column(col, justify=just)
-        t.add_row("step time (s)", fmt(s["measured_step_time_s"], ".4g"), fmt(s["predicted_step_time_s"], ".4g"), err(s["step_time_error"]))
-        t.add_row("tokens/s", fmt(s["tokens_per_s"], ",.0f"), fmt(s["predicted_tokens_per_s"], ",.0f"), err(s["tokens_per_s_error"]))
-        t.add_row("memory (GiB/device)", fmt(s["peak_memory_gib"], ".3g"), fmt(s["predicted_memory_gib"], ".3g"), err(s["memory_error"]))
-        t.add_row("MFU", fmt(s["mfu"], ".2%"), fmt(s["predicted_mfu"], ".2%"), err(s["mfu_error"]))
+        inside_t, inside_m = s.get("step_time_inside_interval"), s.get("memory_inside_interval")
+        t.add_row("step time (s)", fmt(s["measured_step_time_s"], ".4g"), fmt(s["predicted_step_time_s"], ".4g"),
+                  err(s["step_time_error"]), span("predicted_step_time_interval_s", ".3g", inside_t))
+        t.add_row("tokens/s", fmt(s["tokens_per_s"], ",.0f"), fmt(s["predicted_tokens_per_s"], ",.0f"),
+                  err(s["tokens_per_s_error"]), span("predicted_tokens_per_s_interval", ",.0f", inside_t))
+        t.add_row("memory (GiB/device)", fmt(s["peak_memory_gib"], ".3g"), fmt(s["predicted_memory_gib"], ".3g"),
+                  err(s["memory_error"]), span("predicted_memory_interval_gib", ".3g", inside_m))
+        t.add_row("MFU", fmt(s["mfu"], ".2%"), fmt(s["predicted_mfu"], ".2%"), err(s["mfu_error"]), "")
         t.caption = (f"loss {fmt(s['first_loss'], '.4f')} -> {fmt(s['final_loss'], '.4f')}, validation "
                      f"{fmt(s['val_loss'], '.4f')}; error = measured / predicted - 1; memory: {s['peak_memory_measures']}")
         (self.console or Console()).print(t)

@@ -154,3 +154,25 @@ def test_peak_memory_on_cpu_is_the_process_high_water_mark():
     del x
     assert peak_memory_bytes() >= after  # never decreases
     assert "RSS" in metrics.describe_peak_memory("cpu") and "max_memory_allocated" in metrics.describe_peak_memory("cuda:0")
+
+
+def test_the_summary_says_whether_the_measurement_lies_inside_the_plans_interval(tmp_path, plan):
+    """summary.json and the table carry the plan's intervals (prediction.uncertainty) and
+    whether the measured step time and memory lie inside them; a plan without them has none."""
+    u = plan.prediction.uncertainty
+    pred_t, pred_m = plan.prediction.step_time_s, plan.prediction.memory_gib_per_device
+    tokens = plan.job.global_batch * plan.job.seq_len
+    for factor, inside in ((1 + u.step_time / 2, True), (1 + 2 * u.step_time, False)):
+        w, buf = writer(tmp_path / str(factor), plan, warmup_steps=0)
+        w.log_step(0, 3.0, tokens, pred_t * factor, int(pred_m * (1 + 2 * u.memory) * 2**30), 1e-4, 1.0)
+        s = w.finish()
+        assert s["predicted_step_time_interval_s"] == pytest.approx([pred_t * (1 - u.step_time), pred_t * (1 + u.step_time)])
+        assert s["step_time_inside_interval"] is inside
+        assert s["memory_inside_interval"] is False  # 2 u above the prediction
+        assert s["predicted_tokens_per_s_interval"][0] == pytest.approx(plan.prediction.tokens_per_s / (1 + u.step_time))
+        assert s["uncertainty_basis"] == u.basis
+        assert (" inside" if inside else " OUTSIDE") in buf.getvalue().split("step time (s)")[1].splitlines()[0]
+    bare = plan.model_copy(update={"prediction": plan.prediction.model_copy(update={"uncertainty": None})})
+    w, _ = writer(tmp_path / "bare", bare, warmup_steps=0)
+    w.log_step(0, 3.0, tokens, pred_t, 1 << 30, 1e-4, 1.0)
+    assert "step_time_inside_interval" not in w.finish()
