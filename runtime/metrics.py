@@ -154,9 +154,8 @@ def _intervals(pred, step_time: float | None, peak_gib: float | None) -> dict[st
     def inside(value, lo_hi):
         return None if value is None else bool(lo_hi[0] <= value <= lo_hi[1])
 
-    t = [pred.step_time_s * (1 - u.step_time), pred.step_time_s * (1 + u.step_time)]
-    m = [pred.memory_gib_per_device * (1 - u.memory), pred.memory_gib_per_device * (1 + u.memory)]
-    rate = [pred.tokens_per_s / (1 + u.step_time), pred.tokens_per_s / max(1 - u.step_time, 1e-9)]
+    t, m = list(u.time_interval(pred.step_time_s)), list(u.memory_interval(pred.memory_gib_per_device))
+    rate = list(u.rate_interval(pred.tokens_per_s))
     return {"predicted_step_time_interval_s": t, "step_time_inside_interval": inside(step_time, t),
             "predicted_tokens_per_s_interval": rate, "predicted_memory_interval_gib": m,
             "memory_inside_interval": inside(peak_gib, m), "uncertainty_basis": u.basis}

@@ -160,6 +160,16 @@ class PredictionUncertainty(Spec):
     basis: str = Field(description="The published rows it comes from, or the stated default used.")
     fitted: bool = Field(description="False for a device kind or framework with no fitted published rows.")
 
+    def time_interval(self, value: float) -> tuple[float, float]:
+        return value * (1 - self.step_time), value * (1 + self.step_time)
+
+    def rate_interval(self, value: float) -> tuple[float, float]:
+        """A rate is inversely proportional to the step time."""
+        return value / (1 + self.step_time), value / max(1 - self.step_time, 1e-9)
+
+    def memory_interval(self, value: float) -> tuple[float, float]:
+        return value * (1 - self.memory), value * (1 + self.memory)
+
 
 class Prediction(Spec):
     step_time_s: float
