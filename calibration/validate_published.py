@@ -27,6 +27,7 @@ from machine_models import DEVICE_KINDS_FILE
 from calibration import fit_files, fit_published as cal, gemm_benchmarks
 from planner.cost.step import evaluate
 from calibration.published import PROFILE_OF, PublishedRun, held_out_runs, published_runs
+from calibration.record_check import check_record, record_lines
 from machine_models.uncertainty import QUANTILE, uncertainty_of
 from planner.schema.specs import MachineModel
 
@@ -64,6 +65,8 @@ class ValidationRow:
     # (with it, without it). A row that pins a figure is predicted from whatever the others
     # make of it when left out, which is where large leave-one-out errors come from.
     loo_moved: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # The compute time the record leaves and the rate it implies (calibration/record_check.py).
+    record: dict | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,6 +110,7 @@ def _row(run: PublishedRun, machine: MachineModel) -> ValidationRow:
         breakdown_s={k: float(getattr(ev, k)[0]) for k in ("compute_s", "bubble_s", "tp_s", "dp_s", "pp_s", "optimizer_s")},
         fits_memory=bool(ev.memory.fits[0]), assumed=list(run.assumed),
         interval=(lo, hi), inside_interval=bool(lo <= run.figure <= hi),
+        record=asdict(check_record(run, machine, ev, predicted)),
     )
 
 
@@ -231,7 +235,8 @@ def loo_targets(rows: list[ValidationRow]) -> dict | None:
                   key=lambda r: -abs(r.loo_error))
     return {"median": {"target": LOO_TARGETS["median"], "value": loo[0], "met": loo[0] <= LOO_TARGETS["median"]},
             "max": {"target": LOO_TARGETS["max"], "value": loo[1], "met": loo[1] <= LOO_TARGETS["max"],
-                    "rows_over": {r.id: r.loo_error for r in over}},
+                    "rows_over": {r.id: r.loo_error for r in over},
+                    "unreachable_records": [r.id for r in over if r.record and r.record["unreachable"]]},
             "rows": {"target": LOO_TARGETS["rows"], "value": n, "met": n >= LOO_TARGETS["rows"]}}
 
 
@@ -243,7 +248,9 @@ def _targets_line(rows: list[ValidationRow]) -> str | None:
     def mark(key: str) -> str:
         return "met" if t[key]["met"] else "NOT met"
 
-    over = ", ".join(f"{k} {100 * v:+.1f}%" for k, v in t["max"]["rows_over"].items())
+    unreachable = t["max"]["unreachable_records"]
+    over = ", ".join(f"{k} {100 * v:+.1f}%{' (record unreachable, below)' if k in unreachable else ''}"
+                     for k, v in t["max"]["rows_over"].items())
     return (f"targets: leave-one-out median <= {100 * t['median']['target']:.0f}% ({100 * t['median']['value']:.1f}%: "
             f"{mark('median')}), max <= {100 * t['max']['target']:.0f}% ({100 * t['max']['value']:.1f}%: {mark('max')}"
             f"{': ' + over if over else ''}), at least {t['rows']['target']} rows ({t['rows']['value']}: {mark('rows')})")
@@ -277,7 +284,7 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
         console.print("leave-one-out (fit without each row, then predict it): `--loo`")
     else:
         console.print(_targets_line(rows))
-    for line in pinned_lines(rows):
+    for line in pinned_lines(rows) + record_lines(rows + [r for r in held_out or [] if r.section not in SUMMARISED_SECTIONS]):
         console.print(line)
     if held_out:
         listed = [r for r in held_out if list_all or r.section not in SUMMARISED_SECTIONS]

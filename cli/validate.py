@@ -14,7 +14,9 @@ def add_parser(sub) -> None:
                        description="--published: predict every published run (calibration/published.py) and print "
                                    "predicted vs published with the error, its median and max, how often the held-out "
                                    "rows fall inside the interval a plan would show, and optionally leave-one-out errors "
-                                   "with the rows that pin a fitted figure. --local: run at least 10 layouts on this machine through "
+                                   "with the rows that pin a fitted figure, and the records out of the fitted model's reach (the published "
+                                   "step, less the modelled communication, leaves the compute faster than the fitted GEMM "
+                                   "asymptote: calibration/record_check.py). --local: run at least 10 layouts on this machine through "
                                    "`exaplan run` and compare measured with predicted step time and memory. "
                                    "--kernels FILE: the cost model's kernel terms against kernels a GPU timed "
                                    "(benchmarks/gpu_kernels.py).")
