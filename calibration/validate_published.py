@@ -249,7 +249,7 @@ def _targets_line(rows: list[ValidationRow]) -> str | None:
         return "met" if t[key]["met"] else "NOT met"
 
     unreachable = t["max"]["unreachable_records"]
-    over = ", ".join(f"{k} {100 * v:+.1f}%{' (record unreachable, below)' if k in unreachable else ''}"
+    over = ", ".join(f"{k} {100 * v:+.1f}%{' (record out of reach, below)' if k in unreachable else ''}"
                      for k, v in t["max"]["rows_over"].items())
     return (f"targets: leave-one-out median <= {100 * t['median']['target']:.0f}% ({100 * t['median']['value']:.1f}%: "
             f"{mark('median')}), max <= {100 * t['max']['target']:.0f}% ({100 * t['max']['value']:.1f}%: {mark('max')}"
