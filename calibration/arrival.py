@@ -281,8 +281,13 @@ def readme(a: Arrival, measured, fitted, result: dict) -> str:
                      f"{_pct(r['step_time_error'])} | {r['fitted_step_time_s']:.4g} | {_pct(r['fitted_step_time_error'])} |")
     lines += ["", f"Median |error|: {_pct(result['median_abs_step_error']).lstrip('+')} from the microbenchmarks, "
                   f"{_pct(result['median_abs_fitted_error']).lstrip('+')} after the refit (fitted on these same runs; with 4 "
-                  f"layouts or more `calibrate --from-runs` also reports layouts held out of the fit).", "",
-              "## Figures refitted", "", "| figure | measured.yaml | fitted.yaml |", "|---|---|---|"]
+                  f"layouts or more `calibrate --from-runs` also reports layouts held out of the fit).", ""]
+    band = fitted.step_time_band
+    if band is not None:
+        lines += [f"Intervals: plans on fitted.yaml show step times within +/-{band.half_width:.1%} (the 80% conformal "
+                  f"bound of the step-time errors of its {band.runs} layouts, each predicted by a refit without it: "
+                  f"{band.basis}).", ""]
+    lines += ["## Figures refitted", "", "| figure | measured.yaml | fitted.yaml |", "|---|---|---|"]
     lines += [f"| {k} | {before[k]:.4g} | {after[k]:.4g} |" for k in after]
     lines += ["", "## Next", "", "```",
               f"exaplan plan --model protein-3.5b --machine {a.out / 'fitted.yaml'} --nodes {a.nodes} -o plan.yaml",

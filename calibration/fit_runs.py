@@ -181,11 +181,44 @@ def holdout_report(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGUR
     return out
 
 
+# Layouts a machine's own step-time band needs (fewer: its device kind's band stays).
+BAND_MIN_LAYOUTS = 4
+
+
+def leave_one_layout_out(runs: list[MeasuredRun], base, figures: Sequence[str] = FIT_FIGURES_DEFAULT) -> dict[str, float]:
+    """Each run's step-time error (measured / predicted - 1) under a fit to the runs of every
+    other layout (repeats of a layout are left out with it): out-of-sample errors of the
+    refitted machine, one fit per layout."""
+    layouts = sorted({r.name.split("/")[0] for r in runs})
+    errors = {}
+    for layout in layouts:
+        test = [r for r in runs if r.name.split("/")[0] == layout]
+        fitted = refit_from_runs(None, base, figures, runs=[r for r in runs if r not in test])
+        errors.update({r.name: r.measured_step_time_s / predict(r.plan, fitted)["step_time_s"] - 1.0 for r in test})
+    return errors
+
+
+def step_time_band(runs: list[MeasuredRun], base):
+    """The machine's own step-time band (planner/schema/band.py) from its runs' leave-one-layout-out
+    errors, or None with fewer than BAND_MIN_LAYOUTS layouts."""
+    from machine_models.uncertainty import conformal_bound
+    from planner.schema.band import StepTimeBand
+
+    layouts = sorted({r.name.split("/")[0] for r in runs})
+    if len(layouts) < BAND_MIN_LAYOUTS:
+        return None
+    errors = leave_one_layout_out(runs, base)
+    worst = max(errors, key=lambda k: abs(errors[k]))
+    return StepTimeBand(half_width=max(conformal_bound(list(errors.values())), 1e-3), runs=len(layouts),
+                        basis=f"{', '.join(layouts)}; largest error {worst} {100 * errors[worst]:+.1f}%")
+
+
 def refit_to_file(run_dirs: Sequence[Path], base, out: Path, command: str) -> tuple[Any, dict[str, Any] | None]:
     """`exaplan calibrate --from-runs`: refit `base` on every run folder and write the machine
     to `out` atomically (a header names the command and the runs). With 4 runs or more, also
-    the step-time error on held-out layouts before and after (`holdout_report`). Returns the
-    fitted machine and that summary (None with fewer runs)."""
+    the step-time error on held-out layouts before and after (`holdout_report`), and with 4
+    layouts or more the machine's own step-time band (`step_time_band`, written into the file).
+    Returns the fitted machine and that summary (None with fewer runs)."""
     import yaml
 
     from calibration.fit_measurements import atomic_write
@@ -196,10 +229,15 @@ def refit_to_file(run_dirs: Sequence[Path], base, out: Path, command: str) -> tu
             raise PlanError(f"{d}: not a finished `exaplan run` folder (needs summary.json and plan.yaml)",
                             field="--from-runs")
     report = holdout_report(dirs, base) if len(dirs) >= 4 else None
-    machine = refit_from_runs(dirs, base)
+    runs = load_runs(dirs)
+    machine = refit_from_runs(None, base, runs=runs)
+    machine.step_time_band = step_time_band(runs, base)
     names = [f"{d.parent.name}/{d.name}" if d.name.startswith("repeat-") else d.name for d in dirs]
     header = f"# Refitted by: {command}\n# from {len(dirs)} runs: {', '.join(names)}\n"
-    atomic_write(out, header + yaml.safe_dump(machine.model_dump(mode="json"), sort_keys=False))
+    body = machine.model_dump(mode="json")
+    if machine.step_time_band is not None:  # (excluded from model_dump: plans do not carry it)
+        body["step_time_band"] = machine.step_time_band.model_dump(mode="json")
+    atomic_write(out, header + yaml.safe_dump(body, sort_keys=False))
     keys = ("median_abs_test_before", "median_abs_test_after", "median_abs_train_before", "median_abs_train_after",
             "figures_before", "figures_after", "train", "test")
     return machine, None if report is None else {k: report[k] for k in keys}

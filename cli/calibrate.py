@@ -122,7 +122,8 @@ def _from_runs(args, base, out: Path) -> int:
 
     machine, summary = refit_to_file([Path(d) for d in args.from_runs], base, out, command_line())
     if args.json:
-        print_json(dict(output=str(out), holdout=summary, machine=machine.model_dump(mode="json")))
+        band = None if machine.step_time_band is None else machine.step_time_band.model_dump(mode="json")
+        print_json(dict(output=str(out), holdout=summary, step_time_band=band, machine=machine.model_dump(mode="json")))
         return 0
     c = console()
     if summary:
@@ -134,6 +135,10 @@ def _from_runs(args, base, out: Path) -> int:
                 f"refitting on the others ({layouts(summary['train'])}; {len(summary['train'])} runs)")
         c.print("figures: " + ", ".join(f"{k} {summary['figures_before'][k]:.3g} -> {v:.3g}"
                                         for k, v in summary["figures_after"].items()))
+    band = machine.step_time_band
+    if band is not None:
+        c.print(f"its own step-time band: +/-{band.half_width:.1%} (80% conformal bound of the {band.runs} layouts' "
+                f"leave-one-layout-out errors), which plans on it show for exaplan's runtime")
     c.print(f"wrote {out} (fitted on all {len(args.from_runs)} runs)")
     return 0
 

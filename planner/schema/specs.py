@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.schema.band import StepTimeBand
 from planner.schema.kernels import RuntimeKernels
 from planner.schema.launch import LaunchSettings
 from planner.schema.vocab import VOCAB_SIZE
@@ -209,26 +210,17 @@ class MachineModel(Spec):
     nodes: Annotated[int, Field(gt=0, le=MAX_NODES)] = Field(description="Nodes in the whole system.")
     overlap: Overlap = Field(default_factory=Overlap)
     collective_efficiency: CollectiveEfficiency = Field(default_factory=CollectiveEfficiency)
-    dp_buffer_copies: float = Field(
-        0.0, ge=0, le=1000, description="Passes (a read and a write each) over every data-parallel collective's buffer that "
-                               "the framework makes around it, in line (FSDP2's copy-in/copy-out on a CPU: 2; on GPUs "
-                               "they run on the communication stream: 0)."
-    )
+    dp_buffer_copies: float = Field(0.0, ge=0, le=1000, description="Passes (a read and a write each) over every data-parallel collective's "
+        "buffer that the framework makes around it, in line (FSDP2's copy-in/copy-out on a CPU: 2; on GPUs the communication stream's: 0).")
     optimizer_bytes_per_param: Annotated[float, Field(gt=0, le=1e6)] | None = Field(
         None, description="Memory traffic of one AdamW step per parameter of the shard (bytes; default 28 fp32, 30 "
                           "mixed: a fused kernel's one pass). Unfused per-tensor optimizers on CPUs move 2-3x that."
     )
-    op_overhead_us: Time = Field(
-        0.0, description="Framework cost of launching one operator (Python dispatch, autograd, kernel launch), "
-                               "microseconds; matters for small models and CPUs."
-    )
-    dtensor_op_overhead_us: Time = Field(
-        0.0, description="Extra framework cost of one operator on tensor-parallel DTensors (sharding propagation, "
-                               "redistribution), microseconds; paid by every block's operators when tp > 1."
-    )
-    step_overhead_s: Time = Field(
-        0.0, description="Fixed cost of every optimizer step in the training framework (launches, clipping, loss sync), s."
-    )
+    op_overhead_us: Time = Field(0.0, description="Framework cost of launching one operator (Python dispatch, autograd, kernel "
+                                                  "launch), microseconds; matters for small models and CPUs.")
+    dtensor_op_overhead_us: Time = Field(0.0, description="Extra framework cost of one operator on tensor-parallel DTensors (sharding "
+                                                          "propagation, redistribution), microseconds; paid by every block's operators when tp > 1.")
+    step_overhead_s: Time = Field(0.0, description="Fixed cost of every optimizer step in the training framework (launches, clipping, loss sync), s.")
     memory_reserve_gib: float = Field(2.0, ge=0, le=MAX_SIZE_GIB, description="Per device: runtime context, workspace (GiB).")
     fragmentation_fraction: Fraction = Field(0.1, description="Extra fraction of allocated memory lost to fragmentation.")
     calibrated: bool = Field(False, description="True when the efficiency figures were measured or fitted.")
@@ -239,6 +231,8 @@ class MachineModel(Spec):
                                         "Not written into plan files, nor into their content hash.")
     power: MachinePower | None = Field(None, exclude=True, description="Power under load (`exaplan whatif` energy; MachinePower). "
                                        "Not written into plan files, nor into their content hash.")
+    step_time_band: StepTimeBand | None = Field(None, exclude=True, description="This machine's own step-time interval from its calibration "
+        "runs (planner/schema/band.py); None: its device kind's. Not written into plan files, whose intervals record it.")
 
     @model_validator(mode="after")
     def _check(self) -> "MachineModel":

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from machine_models import detect_local_machine
 from calibration import fit_runs as rl
@@ -189,3 +190,27 @@ def test_run_local_validation_end_to_end(tmp_path):
     assert cli(["plan", "--model", "protein-tiny", "--machine", str(out), "--global-batch", "4", "--no-write"]) == 0
     assert cli(["calibrate", "--from-runs", str(tmp_path), "-o", str(tmp_path / "no.yaml")]) == 2
     assert not (tmp_path / "no.yaml").exists()
+
+
+def test_from_runs_writes_the_machines_own_band_from_leave_one_layout_out(tmp_path):
+    """With 4 layouts or more, refit_to_file refits without each layout, predicts its runs, and
+    writes the 80% conformal bound of those errors into the machine file (step_time_band),
+    which loads back and sets the intervals of plans on it; with fewer, no band."""
+    from machine_models.uncertainty import conformal_bound, uncertainty_of
+    from planner.schema.specs import MachineModel
+
+    base = detect_local_machine(2)
+    truth = rl.with_figures(base, dict(peak_fraction=0.5, step_overhead_s=0.03))
+    dirs = _synthetic_runs(tmp_path / "r", base, truth, names=("ddp-b25", "fsdp", "zero1", "tp2", "ddp-recompute"))
+    runs = rl.load_runs(dirs)
+    errors = rl.leave_one_layout_out(runs, base)
+    assert set(errors) == {r.name for r in runs} and all(abs(e) < 0.5 for e in errors.values())
+    machine, _ = rl.refit_to_file(dirs, base, tmp_path / "m.yaml", "test")
+    band = machine.step_time_band
+    assert band is not None and band.runs == 5
+    assert band.half_width == pytest.approx(max(conformal_bound(list(errors.values())), 1e-3), rel=1e-6)
+    loaded = MachineModel.model_validate(yaml.safe_load((tmp_path / "m.yaml").read_text()))
+    assert loaded.step_time_band == band
+    assert uncertainty_of(loaded).step_time == pytest.approx(band.half_width)
+    few, _ = rl.refit_to_file(dirs[:3], base, tmp_path / "few.yaml", "test")
+    assert few.step_time_band is None and "step_time_band" not in (tmp_path / "few.yaml").read_text()

@@ -109,3 +109,19 @@ def test_the_band_is_the_conformal_order_statistic():
     inside = np.mean([abs(d[-1]) <= conformal_bound(d[:-1]) for d in draws])
     naive = np.mean([abs(d[-1]) <= np.quantile(np.abs(d[:-1]), 0.8) for d in draws])
     assert 0.80 <= inside <= 0.88 and naive < 0.79
+
+
+def test_a_machine_calibrated_by_its_own_runs_carries_its_own_band(tmp_path):
+    """`calibrate --from-runs` writes the band its leave-one-layout-out errors give
+    (planner/schema/band.py); exaplan's runtime's predictions on that machine take it, other
+    frameworks' keep their device kind's (its runs say nothing of them); plans do not carry
+    the field, their intervals record it."""
+    from planner.schema.band import StepTimeBand
+
+    machine = load_machine("dgx-h100").model_copy(update={"step_time_band": StepTimeBand(half_width=0.07, runs=5, basis="a, b")})
+    own = uncertainty_of(machine, load_framework("exaplan"))
+    assert (own.step_time, own.fitted) == (0.07, True) and "5 layouts (a, b)" in own.basis
+    assert uncertainty_of(machine, load_framework("megatron")) == uncertainty_of(load_machine("dgx-h100"), load_framework("megatron"))
+    assert "step_time_band" not in machine.model_dump()
+    with pytest.raises(ValueError, match="half_width"):
+        StepTimeBand(half_width=-0.1, runs=4)
