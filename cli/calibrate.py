@@ -138,7 +138,7 @@ def _from_runs(args, base, out: Path) -> int:
     band = machine.step_time_band
     if band is not None:
         c.print(f"its own step-time band: +/-{band.half_width:.1%} (80% conformal bound of the {band.runs} layouts' "
-                f"leave-one-layout-out errors), which plans on it show for exaplan's runtime")
+                f"leave-one-layout-out errors), which the intervals of plans on it take")
     c.print(f"wrote {out} (fitted on all {len(args.from_runs)} runs)")
     return 0
 

@@ -20,7 +20,7 @@ own ("unfitted", or "copied from" another kind) gets UNFITTED_STEP_TIME instead,
 such; so does a framework whose rows could not fit its figures (`held` in uncertainty.yaml:
 they stay first guesses). A machine calibrated by its own runs (`calibrate --from-runs` with 4
 layouts or more, `calibrate --arrival`) carries its own band (`step_time_band`: the conformal
-bound of its leave-one-layout-out errors), which exaplan's runtime's predictions on it take. Memory: MEMORY, the 80th percentile of the net memory errors of the local validation
+bound of its leave-one-layout-out errors), which stands in for its device kind's half. Memory: MEMORY, the 80th percentile of the net memory errors of the local validation
 (docs/validate-local) and the spread of the published activation-memory checks
 (tests/planner/test_memory_published.py), for every device kind.
 """
@@ -62,9 +62,6 @@ def conformal_bound(abs_errors, quantile: float = QUANTILE) -> float:
 # memory (no published peak-memory rows to take leave-one-out errors from).
 UNFITTED_STEP_TIME = 0.30
 MEMORY = 0.15
-# The framework whose runs a machine's own calibration measures (`exaplan run`): its
-# step_time_band (planner/schema/band.py) speaks for that framework's predictions only.
-OWN_RUNTIME = "exaplan"
 
 
 @dataclass(frozen=True)
@@ -105,19 +102,19 @@ def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = N
                    path: Path = UNCERTAINTY_FILE) -> Uncertainty:
     """The uncertainty of predictions for `machine` run with `framework` (default exaplan)."""
     framework = framework or FrameworkProfile()
-    band = machine.step_time_band
-    if band is not None and framework.name == OWN_RUNTIME:
-        basis = (f"{machine.name}'s own calibration: leave-one-layout-out |error| 80% conformal bound over "
-                 f"{band.runs} layouts" + (f" ({band.basis})" if band.basis else ""))
-        return Uncertainty(band.half_width, MEMORY, basis, True)
     data = _read(path)
-    status = device_kind_status().get(machine.device_name, "unknown device kind")
-    device = (data.get("device_kinds") or {}).get(machine.device_name)
     fw = (data.get("frameworks") or {}).get(framework.name)
-    if status != "fitted" or not device:
-        return Uncertainty(UNFITTED_STEP_TIME, MEMORY, f"{machine.device_name}: {status}; stated default "
-                           f"+/-{UNFITTED_STEP_TIME:.0%} for device kinds without published rows", False)
-    parts = [(float(device["p80"]), f"{machine.device_name} ({_rows(device)})")]
+    band = machine.step_time_band
+    if band is not None:  # the machine's own runs replace its device kind's rows
+        parts = [(band.half_width, f"{machine.name}'s own calibration (leave-one-layout-out over {band.runs} layouts"
+                                   + (f": {band.basis})" if band.basis else ")"))]
+    else:
+        status = device_kind_status().get(machine.device_name, "unknown device kind")
+        device = (data.get("device_kinds") or {}).get(machine.device_name)
+        if status != "fitted" or not device:
+            return Uncertainty(UNFITTED_STEP_TIME, MEMORY, f"{machine.device_name}: {status}; stated default "
+                               f"+/-{UNFITTED_STEP_TIME:.0%} for device kinds without published rows", False)
+        parts = [(float(device["p80"]), f"{machine.device_name} ({_rows(device)})")]
     if fw and fw.get("held"):
         # The framework's rows could not fit these figures (they stay first guesses): its
         # leave-one-out errors say nothing of predictions that lean on them.

@@ -1,10 +1,10 @@
 """One machine's own step-time interval, measured by its calibration (`exaplan calibrate
 --from-runs`, and so `calibrate --arrival`): refitted without each layout it ran, each run
 predicted by a fit that never saw its layout, and the 80% conformal bound of those errors
-(machine_models/uncertainty.py conformal_bound). Where a machine carries one, predictions of
-exaplan's runtime on it take it instead of its device kind's band (uncertainty.py
-uncertainty_of): a CPU or a new GPU cluster has no published rows, and its own runs are the
-out-of-sample errors that speak for it."""
+(machine_models/uncertainty.py conformal_bound). Where a machine carries one, it stands in for
+its device kind's half of every interval (uncertainty.py uncertainty_of; the framework's half
+stays): a CPU or a new GPU cluster has no published rows, and its own runs are the
+out-of-sample errors that speak for its figures."""
 
 from __future__ import annotations
 

@@ -211,6 +211,7 @@ def test_from_runs_writes_the_machines_own_band_from_leave_one_layout_out(tmp_pa
     assert band.half_width == pytest.approx(max(conformal_bound(list(errors.values())), 1e-3), rel=1e-6)
     loaded = MachineModel.model_validate(yaml.safe_load((tmp_path / "m.yaml").read_text()))
     assert loaded.step_time_band == band
-    assert uncertainty_of(loaded).step_time == pytest.approx(band.half_width)
+    u = uncertainty_of(loaded)  # the band stands in for the device kind's half; the framework's half stays
+    assert u.step_time >= band.half_width and "own calibration" in u.basis
     few, _ = rl.refit_to_file(dirs[:3], base, tmp_path / "few.yaml", "test")
     assert few.step_time_band is None and "step_time_band" not in (tmp_path / "few.yaml").read_text()

@@ -113,15 +113,24 @@ def test_the_band_is_the_conformal_order_statistic():
 
 def test_a_machine_calibrated_by_its_own_runs_carries_its_own_band(tmp_path):
     """`calibrate --from-runs` writes the band its leave-one-layout-out errors give
-    (planner/schema/band.py); exaplan's runtime's predictions on that machine take it, other
-    frameworks' keep their device kind's (its runs say nothing of them); plans do not carry
-    the field, their intervals record it."""
+    (planner/schema/band.py). It stands in for the device kind's half of the interval (the
+    machine's figures come from its own runs, not the kind's rows) even where the kind has no
+    rows at all; the framework's half stays. Plans do not carry the field, their intervals do."""
     from planner.schema.band import StepTimeBand
 
-    machine = load_machine("dgx-h100").model_copy(update={"step_time_band": StepTimeBand(half_width=0.07, runs=5, basis="a, b")})
-    own = uncertainty_of(machine, load_framework("exaplan"))
-    assert (own.step_time, own.fitted) == (0.07, True) and "5 layouts (a, b)" in own.basis
-    assert uncertainty_of(machine, load_framework("megatron")) == uncertainty_of(load_machine("dgx-h100"), load_framework("megatron"))
-    assert "step_time_band" not in machine.model_dump()
+    path = _write(tmp_path, {"exaplan": {"rows": 14, "median": 0.03, "p80": 0.05, "max": 0.1},
+                             "megatron": {"rows": 17, "median": 0.05, "p80": 0.12, "max": 0.19}})
+    band = StepTimeBand(half_width=0.07, runs=5, basis="a, b")
+    h100 = load_machine("dgx-h100")
+    own = uncertainty_of(h100.model_copy(update={"step_time_band": band}), load_framework("exaplan"), path=path)
+    assert (own.step_time, own.fitted) == (0.07, True) and "own calibration (leave-one-layout-out over 5 layouts: a, b)" in own.basis
+    assert uncertainty_of(h100, load_framework("exaplan"), path=path).step_time == 0.09  # the kind's p80 without it
+    meg = uncertainty_of(h100.model_copy(update={"step_time_band": band}), load_framework("megatron"), path=path)
+    assert meg.step_time == 0.12 and "megatron (17 rows)" in meg.basis  # the larger half
+    cpu = load_machine("local")
+    assert uncertainty_of(cpu, path=path).step_time == UNFITTED_STEP_TIME
+    wide = uncertainty_of(cpu.model_copy(update={"step_time_band": band.model_copy(update={"half_width": 0.4})}), path=path)
+    assert (wide.step_time, wide.fitted) == (0.4, True)
+    assert "step_time_band" not in h100.model_copy(update={"step_time_band": band}).model_dump()
     with pytest.raises(ValueError, match="half_width"):
         StepTimeBand(half_width=-0.1, runs=4)
