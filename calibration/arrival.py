@@ -284,9 +284,9 @@ def readme(a: Arrival, measured, fitted, result: dict) -> str:
                   f"layouts or more `calibrate --from-runs` also reports layouts held out of the fit).", ""]
     band = fitted.step_time_band
     if band is not None:
-        lines += [f"Intervals: plans on fitted.yaml show step times within +/-{band.half_width:.1%} (the 80% conformal "
-                  f"bound of the step-time errors of its {band.runs} layouts, each predicted by a refit without it: "
-                  f"{band.basis}).", ""]
+        lines += [f"Intervals: fitted.yaml's own step-time band is +/-{band.half_width:.1%} (the 80% conformal bound of "
+                  f"the step-time errors of its {band.runs} layouts, each predicted by a refit without it: {band.basis}); "
+                  f"plans on it show it, or their framework's band where that is wider.", ""]
     lines += ["## Figures refitted", "", "| figure | measured.yaml | fitted.yaml |", "|---|---|---|"]
     lines += [f"| {k} | {before[k]:.4g} | {after[k]:.4g} |" for k in after]
     lines += ["", "## Next", "", "```",
