@@ -298,6 +298,8 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
         console.print(_searched_table(searched, {r.id: r for r in rows + (held_out or [])}))
     if any(r.assumed for r in rows + (held_out or [])):
         console.print("* a field of this row is not published; calibration/published.py documents the choice made")
+    if record_lines(rows + (held_out or [])):
+        console.print("! the record is out of the fitted model's reach (above)")
 
 
 # Held-out sections too long to list row by row: summarised (render_published), whole in --json.
@@ -361,7 +363,7 @@ def _table(title: str, rows: list[ValidationRow]):
                       ("leave-one-out", "right")]:
         table.add_column(col, justify=just)
     for r in rows:
-        err = f"{100 * r.error:+.1f}%"
+        err = f"{100 * r.error:+.1f}%" + (" !" if r.record and r.record["unreachable"] else "")
         style = "red" if abs(r.error) > 0.25 else ("yellow" if abs(r.error) > 0.10 else "")
         loo = "" if r.loo_error is None else f"{100 * r.loo_error:+.1f}%"
         mark = "*" if r.assumed else ""
