@@ -282,4 +282,10 @@ def _short(err: PlanError, job) -> str:
 
 def _device_status(cases: list[Case]) -> dict[str, str]:
     status = device_kind_status()
-    return {c.machine.device_name: status.get(c.machine.device_name, "unknown device kind") for c in cases}
+    out = {}
+    for c in cases:
+        kind = status.get(c.machine.device_name, "unknown device kind")
+        band = c.machine.step_time_band
+        out[c.machine.device_name] = kind + ("" if band is None else f"; {c.machine.name} calibrated by its own runs "
+                                                                     f"({band.runs} layouts, +/-{band.half_width:.0%})")
+    return out
