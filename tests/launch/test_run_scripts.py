@@ -102,12 +102,16 @@ def _runtime_requeues() -> bool:
 def test_walltime_signal_checkpoints_requeues_and_resumes_to_the_same_losses(tmp_path, testbox, tiny_plan, fakebin):
     if not _runtime_requeues():
         pytest.skip("exaplan run does not yet save and exit 85 on SIGUSR1 (runtime/options.py EXIT_REQUEUE)")
+    # 24 steps, the signal at step 2: the run must still be going when the fake srun, polling the
+    # metrics every 0.2 s, sends it (with the other tests' 6 steps a loaded machine could finish first).
+    long = f"--run-args={RUN_ARGS.replace('--steps 6', '--steps 24')}"
     (tmp_path / "s").mkdir()
-    straight, out_s = _launch(tiny_plan, testbox, tmp_path / "s", "slurm", "--stage-env", "off")
-    _trained(run_script(straight, job_env("slurm", fakebin, tmp_path)), out_s)
+    straight, out_s = _launch(tiny_plan, testbox, tmp_path / "s", "slurm", "--stage-env", "off", long)
+    done = run_script(straight, job_env("slurm", fakebin, tmp_path))
+    assert done.returncode == 0 and sorted(losses(out_s)) == list(range(24)), done.stderr[-2000:]
     cut = tmp_path / "cut"
     cut.mkdir()
-    script, out = _launch(tiny_plan, testbox, cut, "slurm", "--stage-env", "off")
+    script, out = _launch(tiny_plan, testbox, cut, "slurm", "--stage-env", "off", long)
     env = job_env("slurm", fakebin, cut, FAKE_SIGNAL_AT_STEP="2", FAKE_METRICS=str(out / "metrics.jsonl"))
     first = run_script(script, env)
     assert first.returncode == 85, first.stdout[-2000:] + first.stderr[-2000:]
