@@ -209,7 +209,8 @@ def step_time_band(runs: list[MeasuredRun], base):
         return None
     errors = leave_one_layout_out(runs, base)
     worst = max(errors, key=lambda k: abs(errors[k]))
-    return StepTimeBand(half_width=max(conformal_bound(list(errors.values())), 1e-3), runs=len(layouts),
+    bound = min(max(conformal_bound(list(errors.values())), 1e-3), 1.0)  # an interval's half-width is at most 1
+    return StepTimeBand(half_width=bound, runs=len(layouts),
                         basis=f"{', '.join(layouts)}; largest error {worst} {100 * errors[worst]:+.1f}%")
 
 

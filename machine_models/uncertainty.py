@@ -27,12 +27,12 @@ bound of its leave-one-layout-out errors), which stands in for its device kind's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from machine_models.loader import device_kind_status
+from planner.schema.plan import PredictionUncertainty
 from planner.schema.specs import FrameworkProfile, MachineModel
 
 UNCERTAINTY_FILE = Path(__file__).resolve().parent / "uncertainty.yaml"
@@ -64,25 +64,10 @@ UNFITTED_STEP_TIME = 0.30
 MEMORY = 0.15
 
 
-@dataclass(frozen=True)
-class Uncertainty:
-    step_time: float  # relative half-width of step time (and of every rate and time derived from it)
-    memory: float  # relative half-width of memory per device
-    basis: str
-    fitted: bool
-
-    def time_interval(self, value: float) -> tuple[float, float]:
-        return value * (1 - self.step_time), value * (1 + self.step_time)
-
-    def rate_interval(self, value: float) -> tuple[float, float]:
-        """A rate (tokens/s, TFLOP/s, MFU) is inversely proportional to the step time."""
-        return value / (1 + self.step_time), value / max(1 - self.step_time, 1e-9)
-
-    def memory_interval(self, value: float) -> tuple[float, float]:
-        return value * (1 - self.memory), value * (1 + self.memory)
-
-    def as_json(self) -> dict:
-        return {"step_time": self.step_time, "memory": self.memory, "basis": self.basis, "fitted": self.fitted}
+# The uncertainty of a prediction is the plan schema's PredictionUncertainty (step_time and
+# memory half-widths, basis, fitted; its time/rate/memory intervals): one class for the
+# planner's tables and the plan file.
+Uncertainty = PredictionUncertainty
 
 
 def _read(path: Path) -> dict:
@@ -112,8 +97,8 @@ def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = N
         status = device_kind_status().get(machine.device_name, "unknown device kind")
         device = (data.get("device_kinds") or {}).get(machine.device_name)
         if status != "fitted" or not device:
-            return Uncertainty(UNFITTED_STEP_TIME, MEMORY, f"{machine.device_name}: {status}; stated default "
-                               f"+/-{UNFITTED_STEP_TIME:.0%} for device kinds without published rows", False)
+            return Uncertainty(step_time=UNFITTED_STEP_TIME, memory=MEMORY, fitted=False, basis=f"{machine.device_name}: "
+                               f"{status}; stated default +/-{UNFITTED_STEP_TIME:.0%} for device kinds without published rows")
         parts = [(float(device["p80"]), f"{machine.device_name} ({_rows(device)})")]
     if fw and fw.get("held"):
         # The framework's rows could not fit these figures (they stay first guesses): its
@@ -127,4 +112,4 @@ def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = N
         parts.append((UNFITTED_STEP_TIME, f"{framework.name}: no published rows, stated default"))
     value, _ = max(parts)
     basis = "leave-one-out |error| 80% conformal bound of " + " and ".join(name for _, name in parts)
-    return Uncertainty(value, MEMORY, basis, fw is not None)
+    return Uncertainty(step_time=value, memory=MEMORY, basis=basis, fitted=fw is not None)

@@ -22,7 +22,6 @@ from planner.schema.plan import (
     Pipeline,
     Plan,
     Prediction,
-    PredictionUncertainty,
     Provenance,
     Sharding,
     ShardingOptions,
@@ -176,7 +175,7 @@ def _prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: E
         mfu=float(ev.mfu[i]),
         time_to_train_days=float(ev.time_to_train_days[i]),
         model_flops_per_step=flops.step_flops(model, job)["executed"], six_n_flops_per_step=flops.step_flops(model, job)["six_n"],
-        uncertainty=PredictionUncertainty(**uncertainty_of(machine, job.framework).as_json()),
+        uncertainty=uncertainty_of(machine, job.framework),
     )
 
 

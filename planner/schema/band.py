@@ -18,8 +18,8 @@ class StepTimeBand(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
-    half_width: Annotated[float, Field(gt=0, le=10)] = Field(
+    half_width: Annotated[float, Field(gt=0, le=1)] = Field(
         description="Relative half-width: the true step time lies within predicted x (1 +/- this) for about 80% of "
-                    "layouts, from the leave-one-layout-out errors of the calibration runs.")
+                    "layouts, from the leave-one-layout-out errors of the calibration runs (at most 1, as every interval's).")
     runs: Annotated[int, Field(ge=1, le=100000)] = Field(description="Layouts the bound comes from.")
     basis: str = Field("", max_length=8192, description="The runs and the command that measured them.")

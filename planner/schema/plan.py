@@ -170,6 +170,9 @@ class PredictionUncertainty(Spec):
     def memory_interval(self, value: float) -> tuple[float, float]:
         return value * (1 - self.memory), value * (1 + self.memory)
 
+    def as_json(self) -> dict:
+        return self.model_dump(mode="json")
+
 
 class Prediction(Spec):
     step_time_s: float
