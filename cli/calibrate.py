@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     k.add_argument("-o", "--output", default=None,
                    help="YAML to write (default machine_models/local.yaml, which `--machine local` then uses)")
     k.add_argument("--from-runs", nargs="+", metavar="DIR",
-                   help="refit from these `exaplan run` output folders instead of measuring")
+                   help="refit from these `exaplan run` output folders instead of measuring; with 4 layouts or more "
+                        "also the machine's own step-time band (leave-one-layout-out; the largest error below 9 layouts)")
     k.add_argument("--from-comms-log", metavar="LOG",
                    help="read a training log's DeepSpeed comms-logger lines and print the bus bandwidth its collectives "
                         "reached, as a fraction of one rank's share of the NICs of --base (the machine it ran on): the "
@@ -38,7 +39,8 @@ def add_parser(sub) -> None:
                           "those runs, and leave OUT/fitted.yaml, validation.csv/.png and README.md in --out. On N "
                           "nodes: once per job from the first node, with --launcher")
     arr.add_argument("--out", metavar="DIR", help="with --arrival: output folder (required)")
-    arr.add_argument("--layouts", type=int, default=None, help="with --arrival: layouts in the sweep (default 4)")
+    arr.add_argument("--layouts", type=int, default=None, help="with --arrival: layouts in the sweep (default 4; from 4 the machine carries its own "
+                     "step-time band, which only 9 or more can make narrower than the largest error)")
     arr.add_argument("--steps", type=int, default=None, help="with --arrival: steps per layout (default 8, at least 3)")
     arr.add_argument("--nodes", type=int, default=None, help="with --arrival: nodes (default 1; more need --launcher)")
     arr.add_argument("--model", default=None, help="with --arrival: model of the sweep (default protein-small)")
