@@ -21,8 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from calibration.fit_runs import MeasuredRun, load_runs, refit_from_runs
-from calibration.validate_local import predict
+from calibration.fit_runs import MeasuredRun, layout_of, leave_one_layout_out, load_runs, refit_from_runs, step_errors
 from machine_models.frameworks import FRAMEWORKS_FILE
 from planner.schema.errors import PlanError
 from planner.schema.figures import figures_of, with_figures
@@ -39,15 +38,11 @@ FIXED = {"dtensor_op_overhead_us": 0.0}
 def _runs_without_profile_figures(run_dirs: Sequence[Path]) -> list[MeasuredRun]:
     """The runs, their plans' profiles stripped of CPU figures: the fit varies the machine's."""
     runs = load_runs(run_dirs)
-    if len({r.name.split("/")[0] for r in runs}) < 3:
+    if len({layout_of(r) for r in runs}) < 3:
         raise PlanError("needs runs of at least 3 layouts", field="runs")
     for r in runs:
         r.plan.job.framework.cpu_figures = {}
     return runs
-
-
-def _errors(runs: list[MeasuredRun], machine) -> dict[str, float]:
-    return {r.name: r.measured_step_time_s / predict(r.plan, machine)["step_time_s"] - 1.0 for r in runs}
 
 
 def _stats(errors: dict[str, float]) -> dict[str, float]:
@@ -64,14 +59,10 @@ def fit_cpu_figures(run_dirs: Sequence[Path], figures: Sequence[str] = CPU_FIGUR
     fixed = {k: v for k, v in FIXED.items() if k not in figures}
     base = with_figures(machine, fixed)
     fitted = refit_from_runs(None, base, figures, runs=runs)
-    loo: dict[str, float] = {}
-    for layout in sorted({r.name.split("/")[0] for r in runs}):
-        held = [r for r in runs if r.name.split("/")[0] == layout]
-        rest = [r for r in runs if r not in held]
-        loo.update(_errors(held, refit_from_runs(None, base, figures, runs=rest)))
+    loo = leave_one_layout_out(runs, base, figures)
     names = [*figures, *fixed]
     out = {"figures": figures_of(fitted, names), "machine_figures": figures_of(machine, names),
-           "before": _errors(runs, machine), "fit": _errors(runs, fitted), "loo": loo}
+           "before": step_errors(runs, machine), "fit": step_errors(runs, fitted), "loo": loo}
     for key in ("before", "fit", "loo"):
         out[f"{key}_stats"] = _stats(out[key])
     return out

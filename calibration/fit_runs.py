@@ -41,6 +41,16 @@ class MeasuredRun:
 WARMUP_STEPS = 2
 
 
+def step_errors(runs: list[MeasuredRun], machine) -> dict[str, float]:
+    """Each run's step-time error on `machine`: measured / predicted - 1, by run name."""
+    return {r.name: r.measured_step_time_s / predict(r.plan, machine)["step_time_s"] - 1.0 for r in runs}
+
+
+def layout_of(run: MeasuredRun) -> str:
+    """The layout a run ran: its name less a repeat's suffix ('fsdp/repeat-1' -> 'fsdp')."""
+    return run.name.split("/")[0]
+
+
 def _phases(metrics: Path) -> tuple[float | None, float | None]:
     if not metrics.exists():
         return None, None
@@ -150,31 +160,28 @@ def refit_from_runs(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGU
 
 
 def holdout_report(run_dirs, machine="local", figures: Sequence[str] = FIT_FIGURES_DEFAULT, test_every: int = 2,
-                   offset: int = 1) -> dict[str, Any]:
+                   offset: int = 1, runs: list[MeasuredRun] | None = None) -> dict[str, Any]:
     """Refit on some runs and measure the step-time error on the others, before and after.
     Layouts sorted by name; every `test_every`-th from `offset` is held out, with all its runs
     (repeats of a held-out layout never train the fit). Returns the fitted figures and per-run
-    errors (measured / predicted - 1) on both sets."""
-    runs = sorted(load_runs(run_dirs), key=lambda r: r.name)
-    layouts = sorted({r.name.split("/")[0] for r in runs})
+    errors (measured / predicted - 1) on both sets. `runs`: already loaded from run_dirs."""
+    runs = sorted(load_runs(run_dirs) if runs is None else runs, key=lambda r: r.name)
+    layouts = sorted({layout_of(r) for r in runs})
     held = {name for i, name in enumerate(layouts) if i % test_every == offset % test_every}
-    test = [r for r in runs if r.name.split("/")[0] in held]
+    test = [r for r in runs if layout_of(r) in held]
     train = [r for r in runs if r not in test]
     if not train or not test:
         raise PlanError("needs at least 2 runs to hold some out", field="runs")
     base = runs[0].plan.machine if machine is None else resolve_machine(machine, runs[0].plan.machine.devices_per_node)
     fitted = refit_from_runs(None, base, figures, runs=train)
 
-    def errors(rs, m):
-        return {r.name: r.measured_step_time_s / predict(r.plan, m)["step_time_s"] - 1.0 for r in rs}
-
     def med(d):
         return float(np.median(np.abs(list(d.values()))))
 
     out = dict(train=[r.name for r in train], test=[r.name for r in test],
                figures_before=figures_of(base, figures), figures_after=figures_of(fitted, figures),
-               train_before=errors(train, base), train_after=errors(train, fitted),
-               test_before=errors(test, base), test_after=errors(test, fitted))
+               train_before=step_errors(train, base), train_after=step_errors(train, fitted),
+               test_before=step_errors(test, base), test_after=step_errors(test, fitted))
     for k in ("train_before", "train_after", "test_before", "test_after"):
         out[f"median_abs_{k}"] = med(out[k])
     out["machine"] = fitted
@@ -189,12 +196,11 @@ def leave_one_layout_out(runs: list[MeasuredRun], base, figures: Sequence[str] =
     """Each run's step-time error (measured / predicted - 1) under a fit to the runs of every
     other layout (repeats of a layout are left out with it): out-of-sample errors of the
     refitted machine, one fit per layout."""
-    layouts = sorted({r.name.split("/")[0] for r in runs})
     errors = {}
-    for layout in layouts:
-        test = [r for r in runs if r.name.split("/")[0] == layout]
+    for layout in sorted({layout_of(r) for r in runs}):
+        test = [r for r in runs if layout_of(r) == layout]
         fitted = refit_from_runs(None, base, figures, runs=[r for r in runs if r not in test])
-        errors.update({r.name: r.measured_step_time_s / predict(r.plan, fitted)["step_time_s"] - 1.0 for r in test})
+        errors.update(step_errors(test, fitted))
     return errors
 
 
@@ -204,7 +210,7 @@ def step_time_band(runs: list[MeasuredRun], base):
     from machine_models.uncertainty import conformal_bound
     from planner.schema.band import StepTimeBand
 
-    layouts = sorted({r.name.split("/")[0] for r in runs})
+    layouts = sorted({layout_of(r) for r in runs})
     if len(layouts) < BAND_MIN_LAYOUTS:
         return None
     errors = leave_one_layout_out(runs, base)
@@ -229,8 +235,8 @@ def refit_to_file(run_dirs: Sequence[Path], base, out: Path, command: str) -> tu
         if not (d / "summary.json").exists() or not (d / "plan.yaml").exists():
             raise PlanError(f"{d}: not a finished `exaplan run` folder (needs summary.json and plan.yaml)",
                             field="--from-runs")
-    report = holdout_report(dirs, base) if len(dirs) >= 4 else None
     runs = load_runs(dirs)
+    report = holdout_report(dirs, base, runs=runs) if len(dirs) >= 4 else None
     machine = refit_from_runs(None, base, runs=runs)
     machine.step_time_band = step_time_band(runs, base)
     names = [f"{d.parent.name}/{d.name}" if d.name.startswith("repeat-") else d.name for d in dirs]

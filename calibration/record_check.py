@@ -70,6 +70,11 @@ def check_record(run, machine, evaluation, predicted: float) -> RecordCheck:
     return check
 
 
+def out_of_reach(record: dict | None) -> bool:
+    """Whether a row's check (a RecordCheck as a dict, ValidationRow.record) found it out of reach."""
+    return bool(record and record["unreachable"])
+
+
 def _pct(x: float | None) -> str:
     return "no time left" if x is None else f"{100 * x:.0f}%"
 
@@ -86,7 +91,7 @@ def record_line(row_id: str, check: RecordCheck, assumed: list[str]) -> str:
 
 def record_lines(rows) -> list[str]:
     """The rows (ValidationRow) whose record the model cannot reach, with a heading; [] if none."""
-    bad = [r for r in rows if r.record is not None and r.record["unreachable"]]
+    bad = [r for r in rows if out_of_reach(r.record)]
     if not bad:
         return []
     head = ("records out of the fitted model's reach (the published figure needs the whole step's compute faster than "

@@ -27,7 +27,7 @@ from machine_models import DEVICE_KINDS_FILE
 from calibration import fit_files, fit_published as cal, gemm_benchmarks
 from planner.cost.step import evaluate
 from calibration.published import PROFILE_OF, PublishedRun, held_out_runs, published_runs
-from calibration.record_check import check_record, record_lines
+from calibration.record_check import check_record, out_of_reach, record_lines
 from machine_models.uncertainty import QUANTILE, uncertainty_of
 from planner.schema.specs import MachineModel
 
@@ -236,7 +236,7 @@ def loo_targets(rows: list[ValidationRow]) -> dict | None:
     return {"median": {"target": LOO_TARGETS["median"], "value": loo[0], "met": loo[0] <= LOO_TARGETS["median"]},
             "max": {"target": LOO_TARGETS["max"], "value": loo[1], "met": loo[1] <= LOO_TARGETS["max"],
                     "rows_over": {r.id: r.loo_error for r in over},
-                    "unreachable_records": [r.id for r in over if r.record and r.record["unreachable"]]},
+                    "unreachable_records": [r.id for r in over if out_of_reach(r.record)]},
             "rows": {"target": LOO_TARGETS["rows"], "value": n, "met": n >= LOO_TARGETS["rows"]}}
 
 
@@ -298,7 +298,7 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
         console.print(_searched_table(searched, {r.id: r for r in rows + (held_out or [])}))
     if any(r.assumed for r in rows + (held_out or [])):
         console.print("* a field of this row is not published; calibration/published.py documents the choice made")
-    if record_lines(rows + (held_out or [])):
+    if any(out_of_reach(r.record) for r in rows + (held_out or [])):
         console.print("! the record is out of the fitted model's reach (above)")
 
 
@@ -363,7 +363,7 @@ def _table(title: str, rows: list[ValidationRow]):
                       ("leave-one-out", "right")]:
         table.add_column(col, justify=just)
     for r in rows:
-        err = f"{100 * r.error:+.1f}%" + (" !" if r.record and r.record["unreachable"] else "")
+        err = f"{100 * r.error:+.1f}%" + (" !" if out_of_reach(r.record) else "")
         style = "red" if abs(r.error) > 0.25 else ("yellow" if abs(r.error) > 0.10 else "")
         loo = "" if r.loo_error is None else f"{100 * r.loo_error:+.1f}%"
         mark = "*" if r.assumed else ""
