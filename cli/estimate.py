@@ -78,12 +78,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(args, model, machine, job, lay, ev) -> None:
-    from planner.report import breakdown_table, flops_text, layout_label, memory_table
+    from planner.report import breakdown_table, flops_text, fmt_rate, layout_label, memory_table
 
     out = console()
     out.print(f"[b]{model.name}[/b] on {args.nodes} x {machine.name} with {job.framework.name}: {layout_label(lay, 0)}")
-    out.print(f"{ev.tokens_per_s[0]:,.0f} tokens/s, {ev.model_tflops_per_device[0]:.1f} model TFLOP/s per device "
-              f"({ev.hardware_tflops_per_device[0]:.1f} hardware), MFU {ev.mfu[0]:.1%}, time to train "
+    out.print(f"{ev.tokens_per_s[0]:,.0f} tokens/s, {fmt_rate(ev.model_tflops_per_device[0])} model TFLOP/s per device "
+              f"({fmt_rate(ev.hardware_tflops_per_device[0])} hardware), MFU {ev.mfu[0]:.1%}, time to train "
               f"{job.token_budget:.3g} tokens {ev.time_to_train_days[0]:.2f} days")
     out.print(flops_text(model, job, ev, 0))
     out.print(breakdown_table(ev, 0))

@@ -44,6 +44,11 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e3:.1f} ms"
 
 
+def fmt_rate(tflops: float) -> str:
+    """TFLOP/s with one decimal, or three significant digits below 1 (a CPU's 0.0412, not 0.0)."""
+    return f"{tflops:.1f}" if tflops >= 1 else f"{tflops:.3g}"
+
+
 def top_table(lay: Layouts, ev: Evaluation, title: str) -> Table:
     t = Table(title=title, title_justify="left")
     for col, just in (("#", "right"), ("layout", "left"), ("step", "right"), ("tokens/s", "right"),
@@ -51,7 +56,7 @@ def top_table(lay: Layouts, ev: Evaluation, title: str) -> Table:
         t.add_column(col, justify=just, no_wrap=col == "layout")
     for i in range(len(lay)):
         t.add_row(str(i + 1), layout_label(lay, i), _fmt_time(ev.step_time_s[i]), f"{ev.tokens_per_s[i]:,.0f}",
-                  f"{ev.model_tflops_per_device[i]:.1f}", f"{ev.mfu[i]:.1%}", f"{ev.memory.total[i] / GIB:.1f}")
+                  fmt_rate(ev.model_tflops_per_device[i]), f"{ev.mfu[i]:.1%}", f"{ev.memory.total[i] / GIB:.1f}")
     return t
 
 
@@ -116,9 +121,9 @@ def flops_text(model, job, ev: Evaluation, i: int = 0) -> str:
     t, world = float(ev.step_time_s[i]), float(ev.space.units.world[ev.space.unit[i]])
     rate = lambda x: x / t / world / 1e12  # noqa: E731
     what = "policy forward+backward" + (" + reference forward" if job.reference_in_step else "")
-    return (f"model FLOPs per step: {f['executed'] / 1e15:.4g} PFLOP as executed ({what}; {rate(f['executed']):.1f} "
+    return (f"model FLOPs per step: {f['executed'] / 1e15:.4g} PFLOP as executed ({what}; {fmt_rate(rate(f['executed']))} "
             f"TFLOP/s per device), {f['six_n'] / 1e15:.4g} PFLOP as 6·N·tokens of the policy "
-            f"({rate(f['six_n']):.1f} TFLOP/s per device); {f['tokens']:,.0f} policy tokens per step")
+            f"({fmt_rate(rate(f['six_n']))} TFLOP/s per device); {f['tokens']:,.0f} policy tokens per step")
 
 
 def explain_plan(plan: Plan, console: Console) -> None:
@@ -171,7 +176,7 @@ def explain_plan(plan: Plan, console: Console) -> None:
     for k, v in pr.step_time.exposed_comm_s.items():
         tt.add_row(f"  exposed {k.value} traffic", _fmt_time(v))
     tt.add_row("tokens/s", f"{pr.tokens_per_s:,.0f}")
-    tt.add_row("model / hardware TFLOP/s per device", f"{pr.model_tflops_per_device:.1f} / {pr.hardware_tflops_per_device:.1f}")
+    tt.add_row("model / hardware TFLOP/s per device", f"{fmt_rate(pr.model_tflops_per_device)} / {fmt_rate(pr.hardware_tflops_per_device)}")
     tt.add_row("MFU", f"{pr.mfu:.1%}")
     tt.add_row("time to train", _fmt_time(pr.time_to_train_days * 86400))
     mem = pr.memory

@@ -333,3 +333,16 @@ def test_run_help_lists_the_trainer_options(capsys):
 def test_json_output_parses(argv, capsys):
     assert main(argv) == 0
     json.loads(capsys.readouterr().out)
+
+
+def test_a_cpus_flop_rate_is_shown_not_rounded_to_zero(capsys):
+    """A CPU rank runs at tens of GFLOP/s: tables and the estimate give three significant
+    digits below 1 TFLOP/s (0.0357, not 0.0), one decimal above."""
+    from planner.report import fmt_rate
+
+    assert (fmt_rate(0.035749), fmt_rate(0.5), fmt_rate(1.0), fmt_rate(378.44)) == ("0.0357", "0.5", "1.0", "378.4")
+    assert main(["estimate", "--model", "protein-small", "--machine", "local", "--nodes", "1", "--dp", "2", "--mbs", "2",
+                 "--global-batch", "4", "--seq-len", "128"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "model TFLOP/s per device" in ln)
+    rate = float(line.split(" model TFLOP/s")[0].split(", ")[-1])
+    assert 0.001 < rate < 1, line
