@@ -36,7 +36,13 @@ NOTE_A = (
     "Megatron-Core r0.8.0 (the legend of the README's scaling figures, commit f2e5db4, July 2024), "
     "whose arguments.py forces fp32 gradient reduction under --bf16. "
     "Micro-batch 1 (the usual setting; not in the table). Sequence parallel with tp > 1 "
-    "(--tp-comm-overlap requires it). No recompute and no interleaving: not stated, assumed."
+    "(--tp-comm-overlap requires it). No recompute and no interleaving: not stated, assumed. Against the "
+    "latter: the README overlaps 'pipeline-parallel communication (enabled by default)', which r0.8.0 does only "
+    "under the interleaved schedule (arguments.py turns overlap_p2p_comm off without "
+    "--num-layers-per-virtual-pipeline-stage), and the 119B and 462B stages (23 and 7 layers) allow only one "
+    "layer per virtual stage; recorded so (every pipeline row at one layer per virtual stage), the refit puts "
+    "H100's attention factor at its ceiling and the leave-one-out errors rise (README, Status, nineteenth "
+    "session), so the rows keep no interleaving."
 )
 SOURCE_A_STRONG = "Megatron-LM README, strong-scaling text and figure (DGX H100, Megatron-Core r0.8.0, 2024)"
 NOTE_A_STRONG = (
