@@ -27,7 +27,7 @@ from planner.schema.specs import ModelSpec, Precision
 # F: torchtitan, Llama 3.1 on H100
 # --------------------------------------------------------------------------------------------
 
-SOURCE_F = ("torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (Table 3) and "
+SOURCE_F = ("torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (Tables 1 and 3) and "
             "benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (the 'None (bfloat16)' rows, vanilla TP), "
             "github.com/pytorch/torchtitan")
 NOTE_F = (
@@ -71,6 +71,7 @@ def _section_f() -> list[dict[str, Any]]:
              torch_blocks="eager",
              note=NOTE_F + " Table 3: 1D FSDP over 128 GPUs, local batch 2, global 256, eager (no torch.compile); "
                            "67.0 GiB peak memory. " + NOTE_F_EAGER, **common),
+        *_section_f_fsdp_pairs(llama8b, common),
         dict(id="F-llama3.1-8b-fsdp8-tp8", model=llama8b, gpus=64,
              layout=PublishedLayout(tp=8, dp=8, sharding=Sharding.fsdp, micro_batch=12, global_batch=96,
                                     recompute=Recompute.selective_op, sequence_parallel=True),
@@ -87,6 +88,26 @@ def _section_f() -> list[dict[str, Any]]:
                            "checkpointing, local batch 16; global batch 16 x 32 = 512 as the same setup's "
                            "Table 4 in llama3_h100_202412 prints (the asyncTP file does not).", **common),
     ]
+
+
+def _section_f_fsdp_pairs(llama8b: ModelSpec, common: dict[str, Any]) -> list[dict[str, Any]]:
+    """The same 1D FSDP set-up's other bf16 rows of llama3_h100_202412 (Tables 1 and 3): eager
+    and torch.compile at 8 GPUs, torch.compile at 128 (the eager 128-GPU row is above). Each pair
+    differs only in torch.compile, so their ratio checks the count of what eager blocks move
+    against the same machine, whatever its peak."""
+    def row(rid: str, gpus: int, blocks: str, tps: float, table: str) -> dict[str, Any]:
+        assumed = ["machine", "model.seq_len", "layout.recompute"] + (["torch_blocks"] if blocks == "eager" else [])
+        return dict(id=rid, model=llama8b, gpus=gpus,
+                    layout=PublishedLayout(dp=gpus, sharding=Sharding.fsdp, micro_batch=2, global_batch=2 * gpus,
+                                           recompute=Recompute.selective_op),
+                    figure=tps, assumed=assumed, torch_blocks=blocks,
+                    note=NOTE_F + f" {table}: 1D FSDP over {gpus} GPUs, local batch 2, global {2 * gpus}, "
+                    + ("eager (no torch.compile). " + NOTE_F_EAGER if blocks == "eager" else "torch.compile."),
+                    **common)
+    return [row("F-llama3.1-8b-fsdp8", 8, "eager", 5762.0, "Table 1 ('FSDP', 82.4 GiB)"),
+            row("F-llama3.1-8b-fsdp8-compiled", 8, "compiled", 6667.0, "Table 1 ('FSDP + torch.compile', 77.0 GiB)"),
+            row("F-llama3.1-8b-fsdp128-compiled", 128, "compiled", 6514.0,
+                "Table 3 ('FSDP + torch.compile', 62.0 GiB)")]
 
 
 # --------------------------------------------------------------------------------------------

@@ -119,3 +119,27 @@ def test_torchtitans_selective_op_rows_and_the_eager_rows_printed_peak():
     assert float(evs[0].memory.total[0]) / 2**30 == pytest.approx(67.0, rel=0.10)
     coarser = rows[0].model_copy(update={"layout": rows[0].layout.model_copy(update={"recompute": Recompute.selective})})
     assert float(predict(coarser, load_machine(coarser.machine))[1].memory.total[0]) > 1.5 * float(evs[0].memory.total[0])
+
+
+def test_torchtitans_eager_and_compiled_pairs_give_the_compile_speedup_within_10_percent():
+    """torchtitan's 1D FSDP tables print the same set-up eager and under torch.compile at 8
+    GPUs (Table 1: 5,762 and 6,667 tokens/s/GPU) and at 128 (Table 3: 5,605 and 6,514): held
+    out, recorded as printed. Each pair differs only in torch.compile, so the ratio checks the
+    eager blocks' counted traffic whatever the stand-in machine's peak (500 W parts): published
+    1.157 and 1.162, predicted 1.25 (the power cap slows the compute-bound compiled step more,
+    which the 700 W preset cannot show)."""
+    from calibration.validate_published import predict, shipped_machine
+    from machine_models import load_machine
+
+    held = {r.id: r for r in published.held_out_runs()}
+    pairs = [("F-llama3.1-8b-fsdp8", "F-llama3.1-8b-fsdp8-compiled"),
+             ("F-llama3.1-8b-fsdp128", "F-llama3.1-8b-fsdp128-compiled")]
+    for eager_id, compiled_id in pairs:
+        eager, compiled = held[eager_id], held[compiled_id]
+        assert (eager.torch_blocks, compiled.torch_blocks) == ("eager", "compiled")
+        assert eager.layout == compiled.layout and eager.gpus == compiled.gpus == eager.layout.dp
+        assert eager.layout.global_batch == 2 * eager.gpus and eager_id not in {r.id for r in published.published_runs()}
+        machine = shipped_machine(eager, load_machine(eager.machine))
+        predicted = predict(compiled, machine)[0] / predict(eager, machine)[0]
+        published_ratio = compiled.figure / eager.figure
+        assert predicted > 1.0 and predicted == pytest.approx(published_ratio, rel=0.10), (predicted, published_ratio)
