@@ -64,14 +64,7 @@ def _section_f() -> list[dict[str, Any]]:
     llama70b = llama31_model("llama3.1-70b", 80, 8192, 64, 28672)
     common = dict(section="F", source=SOURCE_F, machine="dgx-h100", framework="fsdp", kind="tokens_per_s_per_gpu")
     return [
-        dict(id="F-llama3.1-8b-fsdp128", model=llama8b, gpus=128,
-             layout=PublishedLayout(dp=128, sharding=Sharding.fsdp, micro_batch=2, global_batch=256,
-                                    recompute=Recompute.selective_op),
-             figure=5605.0, assumed=["machine", "model.seq_len", "layout.recompute", "torch_blocks"],
-             torch_blocks="eager",
-             note=NOTE_F + " Table 3: 1D FSDP over 128 GPUs, local batch 2, global 256, eager (no torch.compile); "
-                           "67.0 GiB peak memory. " + NOTE_F_EAGER, **common),
-        *_section_f_fsdp_pairs(llama8b, common),
+        *_section_f_fsdp(llama8b, common),
         dict(id="F-llama3.1-8b-fsdp8-tp8", model=llama8b, gpus=64,
              layout=PublishedLayout(tp=8, dp=8, sharding=Sharding.fsdp, micro_batch=12, global_batch=96,
                                     recompute=Recompute.selective_op, sequence_parallel=True),
@@ -90,11 +83,10 @@ def _section_f() -> list[dict[str, Any]]:
     ]
 
 
-def _section_f_fsdp_pairs(llama8b: ModelSpec, common: dict[str, Any]) -> list[dict[str, Any]]:
-    """The same 1D FSDP set-up's other bf16 rows of llama3_h100_202412 (Tables 1 and 3): eager
-    and torch.compile at 8 GPUs, torch.compile at 128 (the eager 128-GPU row is above). Each pair
-    differs only in torch.compile, so their ratio checks the count of what eager blocks move
-    against the same machine, whatever its peak."""
+def _section_f_fsdp(llama8b: ModelSpec, common: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bf16 rows of llama3_h100_202412's 1D FSDP set-up (Tables 1 and 3): eager and
+    torch.compile at 128 GPUs and at 8. Each pair differs only in torch.compile, so their ratio
+    checks the count of what eager blocks move against the same machine, whatever its peak."""
     def row(rid: str, gpus: int, blocks: str, tps: float, table: str) -> dict[str, Any]:
         assumed = ["machine", "model.seq_len", "layout.recompute"] + (["torch_blocks"] if blocks == "eager" else [])
         return dict(id=rid, model=llama8b, gpus=gpus,
@@ -104,7 +96,8 @@ def _section_f_fsdp_pairs(llama8b: ModelSpec, common: dict[str, Any]) -> list[di
                     note=NOTE_F + f" {table}: 1D FSDP over {gpus} GPUs, local batch 2, global {2 * gpus}, "
                     + ("eager (no torch.compile). " + NOTE_F_EAGER if blocks == "eager" else "torch.compile."),
                     **common)
-    return [row("F-llama3.1-8b-fsdp8", 8, "eager", 5762.0, "Table 1 ('FSDP', 82.4 GiB)"),
+    return [row("F-llama3.1-8b-fsdp128", 128, "eager", 5605.0, "Table 3 ('FSDP', 67.0 GiB)"),
+            row("F-llama3.1-8b-fsdp8", 8, "eager", 5762.0, "Table 1 ('FSDP', 82.4 GiB)"),
             row("F-llama3.1-8b-fsdp8-compiled", 8, "compiled", 6667.0, "Table 1 ('FSDP + torch.compile', 77.0 GiB)"),
             row("F-llama3.1-8b-fsdp128-compiled", 128, "compiled", 6514.0,
                 "Table 3 ('FSDP + torch.compile', 62.0 GiB)")]
