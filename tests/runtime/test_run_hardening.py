@@ -133,6 +133,21 @@ def test_run_without_torch_says_how_to_install(plan, tmp_path):
     assert not out.exists()
 
 
+def test_the_launcher_does_not_import_torch(plan, tmp_path):
+    """`exaplan run` checks the plan, takes the --out lock and prepares the data without
+    importing torch: torchrun and every rank import it anyway, and a third import in the
+    launcher added about 2 s to each run (the data cache's rank-0 broadcast had imported
+    torch.distributed only to find no process group)."""
+    out = tmp_path / "out"
+    code = ("import sys; from runtime import launch; seen = []; "
+            "launch.spawn_local = lambda *a, **k: seen.append('torch' in sys.modules) or 0; "
+            f"from cli.main import main; main(['run', {str(plan)!r}, '--out', {str(out)!r}, '--steps', '1']); "
+            "print('torch imported before the ranks started:', seen)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "torch imported before the ranks started: [False]" in p.stdout, p.stdout + p.stderr
+    assert (out / "data").is_dir()  # the data was prepared in the launcher, as before
+
+
 def test_a_busy_out_is_refused_naming_its_owner(plan, tmp_path, capsys, no_data_prep):
     out = tmp_path / "out"
     with runlock.RunLock(out, ["exaplan", "run", "first"]):
