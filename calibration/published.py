@@ -41,8 +41,8 @@ NOTE_A = (
     "under the interleaved schedule (arguments.py turns overlap_p2p_comm off without "
     "--num-layers-per-virtual-pipeline-stage), and the 119B and 462B stages (23 and 7 layers) allow only one "
     "layer per virtual stage; recorded so (every pipeline row at one layer per virtual stage), the refit puts "
-    "H100's attention factor at its ceiling and the leave-one-out errors rise (README, Status, nineteenth "
-    "session), so the rows keep no interleaving."
+    "H100's attention factor at its ceiling and the leave-one-out errors rise (docs/issue-10-log.md, "
+    "nineteenth session), so the rows keep no interleaving."
 )
 SOURCE_A_STRONG = "Megatron-LM README, strong-scaling text and figure (DGX H100, Megatron-Core r0.8.0, 2024)"
 NOTE_A_STRONG = (
