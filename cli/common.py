@@ -19,7 +19,7 @@ RECOMPUTE_HELP = ("activation recompute: none; selective (the attention core, Ko
 
 MODEL_HELP = "preset (protein-3.5b, protein-7b, protein-70b, protein-small, protein-tiny) or a ModelSpec YAML file"
 MACHINE_HELP = ("preset (aurora, alps, frontier, leonardo, lumi, pdx, dgx-a100-80gb, dgx-a100-40gb, dgx-h100, "
-                "dgx-h200, ibm-a100-400g, local) or a MachineModel YAML file")
+                "dgx-h200, grand-teton-h100, ibm-a100-400g, local) or a MachineModel YAML file")
 SET_HELP = ("override a spec field by dotted path, repeatable: model.layers=96, model.vocab_size=51200, "
             "machine.nics_per_node=4, machine.nic_gbit_s=400 (per NIC per direction, Gbit/s), "
             "machine.overlap.dp=0.5 ... ")

@@ -16,7 +16,7 @@ from machine_models import detect_local_machine, list_machines, load_machine
 from planner.schema.errors import PlanError
 from planner.schema.specs import CollectiveLibrary, MachineModel, MatmulEfficiency, Precision, TopologyKind
 
-PRESETS = ["aurora", "alps", "frontier", "leonardo", "pdx", "dgx-a100-80gb", "dgx-a100-40gb", "dgx-h100"]
+PRESETS = ["aurora", "alps", "frontier", "leonardo", "pdx", "dgx-a100-80gb", "dgx-a100-40gb", "dgx-h100", "grand-teton-h100"]
 
 # (devices per node, memory per device GiB, node injection GB/s, library) from MProt-DPO, SC24
 SEEDS = {
