@@ -176,13 +176,38 @@ def token_elements(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarr
     return total + (3 if model.activation == "swiglu" else 2) * T * f / t
 
 
+# The share of the elementwise kernels' time that scales with a part's memory bandwidth, across
+# parts of one device kind with different memory; the rest runs as on the part the kind's figure
+# was fitted or measured on (launches, tails, reductions, caches). From exaplan's own compiled
+# norm + residual and SwiGLU kernels, the same shapes timed on an H100 (3.35 TB/s) and an H200
+# (4.8 TB/s): medians 2.72 and 3.33 TB/s reached (docs/gpu/2026-11-26-h{1,2}00-kernels.json),
+# 1 - 2.72/3.33 = s (1 - 3.35/4.8), s = 0.61. Checked where nothing was fitted (README,
+# Calibration): llm-foundry's 41 A100 80GB/40GB pairs (2,039 against 1,555 GB/s) ran 1.03-1.06x
+# apart where all of it scaling said 1.06-1.12x, and torchtitan's H100s at 2.4 TB/s.
+ELEMENTWISE_BANDWIDTH_SHARE = 0.6
+
+
+def elementwise_bandwidth(machine: MachineModel, kernels=None) -> float:
+    """Bytes per second the elementwise terms divide by: the part's memory bandwidth where the
+    figure was fitted or measured on a part like it, else 1 / (s / bandwidth + (1 - s) /
+    reference) with s = ELEMENTWISE_BANDWIDTH_SHARE and the reference bandwidth the figure came
+    from (the measured kernels' card, or the device kind's elementwise_reference_gbyte_s)."""
+    bw = machine.memory_bandwidth_gbyte_s
+    ref = machine.elementwise_reference_gbyte_s if kernels is None else getattr(kernels, "memory_bandwidth_gbyte_s", None)
+    if not ref or ref == bw:
+        return bw * 1e9
+    s = ELEMENTWISE_BANDWIDTH_SHARE
+    return 1e9 / (s / bw + (1.0 - s) / ref)
+
+
 def elementwise_time(machine: MachineModel, nbytes, job: TrainingJob | None = None) -> np.ndarray:
     """Seconds to move `nbytes` through memory-bound elementwise kernels: bytes / (memory
     bandwidth x elementwise_efficiency), the fraction of the copy bandwidth such kernels reach:
-    the device kind's fitted figure, or the measured one where the job charges measured kernels."""
+    the device kind's fitted figure, or the measured one where the job charges measured kernels
+    (the bandwidth as elementwise_bandwidth scales it to this part)."""
     kernels = None if job is None else measured_kernels(machine, job)
     fraction = machine.elementwise_efficiency if kernels is None else kernels.elementwise_efficiency
-    return np.asarray(nbytes, dtype=np.float64) / (machine.memory_bandwidth_gbyte_s * 1e9 * fraction)
+    return np.asarray(nbytes, dtype=np.float64) / (elementwise_bandwidth(machine, kernels) * fraction)
 
 
 def weight_traffic_time(machine: MachineModel, job: TrainingJob, params, lay: Layouts) -> np.ndarray:
@@ -233,7 +258,7 @@ def eager_extra_time(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     surplus = 0.0 if e is None else max(e - bytes_per_element(job.precision), 0.0)
     kernels = measured_kernels(machine, job)
     rate = getattr(kernels, "eager_surplus_efficiency", None) or EAGER_BANDWIDTH_FRACTION
-    return surplus * token_elements(model, job, lay) / (machine.memory_bandwidth_gbyte_s * 1e9 * rate)
+    return surplus * token_elements(model, job, lay) / (elementwise_bandwidth(machine, kernels) * rate)
 
 
 def recompute_early_stop(job: TrainingJob) -> bool:

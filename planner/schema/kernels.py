@@ -47,6 +47,10 @@ class RuntimeKernels(BaseModel):
         description="The compiled elementwise kernels' rate on the cost model's count of their traffic, over the "
                     "memory bandwidth (the median of the measured cases).")
 
+    memory_bandwidth_gbyte_s: _Rate | None = Field(
+        None, description="The memory bandwidth (GB/s) of the card they were measured on: a part of the kind with "
+                          "other memory scales only a share of their time (planner/cost/compute.py "
+                          "elementwise_bandwidth); None: all of it.")
     eager_surplus_efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
         None, description="The rate of the eager blocks' traffic beyond the fused count, over the memory bandwidth "
                           "(planner/cost/compute.py eager_extra_time); None: a copy's rate (EAGER_BANDWIDTH_FRACTION).")

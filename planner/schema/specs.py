@@ -193,6 +193,10 @@ class MachineModel(Spec):
     elementwise_efficiency: float = Field(1.0, gt=0, le=1, description="Fraction of memory_bandwidth_gbyte_s that a block's memory-bound elementwise "
         "kernels (norms, residual adds, activations, RoPE, layout copies, the loss's softmax) reach on activation-sized tensors: launch and tail "
         "effects of many small kernels, reduction passes. Fitted per device kind, 0.3-0.95 for GPUs (calibration/fit_published.py); 1 (the default): the copy bandwidth.")
+    elementwise_reference_gbyte_s: Rate | None = Field(
+        None, description="The memory bandwidth (GB/s) of the part the device kind's elementwise_efficiency was fitted "
+                          "on: on a part of the kind with other memory, only a share of the elementwise time scales with "
+                          "the bandwidth (planner/cost/compute.py elementwise_bandwidth); None: all of it.")
     flash_attention: bool = Field(True, description="Fused attention that never stores the s x s scores.")
     intra_node_bandwidth_gbyte_s: Rate = Field(description="Intra-node fabric bandwidth per device per direction (GB/s).")
     intra_node_latency_us: PosTime = Field(description="Latency of one intra-node message (microseconds).")
