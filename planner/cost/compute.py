@@ -193,7 +193,7 @@ def elementwise_bandwidth(machine: MachineModel, kernels=None) -> float:
     reference) with s = ELEMENTWISE_BANDWIDTH_SHARE and the reference bandwidth the figure came
     from (the measured kernels' card, or the device kind's elementwise_reference_gbyte_s)."""
     bw = machine.memory_bandwidth_gbyte_s
-    ref = machine.elementwise_reference_gbyte_s if kernels is None else getattr(kernels, "memory_bandwidth_gbyte_s", None)
+    ref = machine.elementwise_reference_gbyte_s if kernels is None else kernels.memory_bandwidth_gbyte_s
     if not ref or ref == bw:
         return bw * 1e9
     s = ELEMENTWISE_BANDWIDTH_SHARE

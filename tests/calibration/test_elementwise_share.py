@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibration.published import held_out_runs, published_runs
+from calibration.published import published_runs
 from calibration.validate_published import validate_held_out
 from machine_models import load_machine
 from planner.cost.compute import ELEMENTWISE_BANDWIDTH_SHARE, elementwise_bandwidth
@@ -51,9 +51,8 @@ def test_llm_foundrys_a100_80gb_and_40gb_pairs_run_as_far_apart_as_published():
     predicted 80GB/40GB speed ratio over the published one: median 0.996 with the share (1.015
     with all of the elementwise time scaling with the bandwidth, 0.957 with none of it)."""
     rows = {r.id: r for r in validate_held_out() if r.section == "L"}
-    ratios = [(rows[i.replace("a100_40gb", "a100_80gb")].predicted / r.predicted)
-              / (rows[i.replace("a100_40gb", "a100_80gb")].published / r.published)
-              for i, r in rows.items() if "a100_40gb" in i and i.replace("a100_40gb", "a100_80gb") in rows]
-    assert len(ratios) >= 40
+    pairs = [(rows[i.replace("a100_40gb", "a100_80gb")], r) for i, r in rows.items()
+             if "a100_40gb" in i and i.replace("a100_40gb", "a100_80gb") in rows]
+    assert len(pairs) >= 40 and {(a.machine, b.machine) for a, b in pairs} == {("dgx-a100-80gb", "dgx-a100-40gb")}
+    ratios = [(a.predicted / b.predicted) / (a.published / b.published) for a, b in pairs]
     assert abs(float(np.median(ratios)) - 1.0) < 0.01
-    assert {r.machine for r in held_out_runs() if r.section == "L"} >= {"dgx-a100-40gb", "dgx-a100-80gb"}
