@@ -34,7 +34,11 @@ SOURCE_A = "Megatron-LM README, weak-scaling table (DGX H100, 2024)"
 NOTE_A = (
     "TFLOP/s per GPU by Megatron's formula (model FLOPs, logits included), MFU over 989. "
     "Megatron-Core r0.8.0 (the legend of the README's scaling figures, commit f2e5db4, July 2024), "
-    "whose arguments.py forces fp32 gradient reduction under --bf16. "
+    "whose arguments.py forces fp32 gradient reduction under --bf16. bf16 is assumed: neither the README "
+    "nor its table and figures name a precision (the reference table says bf16, as do the repository's CI "
+    "recipes of that commit, tests/functional_tests/jet_recipes; its GPT-3 example script runs --fp16, under "
+    "which the gradients would be reduced in fp16, halving the reduce-scatter: docs/issue-10-log.md, "
+    "twenty-first session). "
     "Micro-batch 1 (the usual setting; not in the table). Sequence parallel with tp > 1 "
     "(--tp-comm-overlap requires it). No recompute and no interleaving: not stated, assumed. Against the "
     "latter: the README overlaps 'pipeline-parallel communication (enabled by default)', which r0.8.0 does only "
@@ -71,7 +75,7 @@ def _section_a() -> list[PublishedRun]:
     ]
     runs = []
     for size, heads, hidden, layers, tp, pp, gpus, gbs, tflops in table:
-        assumed = ["layout.micro_batch", "layout.recompute", "layout.sequence_parallel"]
+        assumed = ["precision", "layout.micro_batch", "layout.recompute", "layout.sequence_parallel"]
         if pp > 1:
             assumed.append("layout.vpp")
         runs.append(PublishedRun(
