@@ -187,9 +187,10 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
                ddp_buckets_mb: tuple[float, ...] = DDP_BUCKETS_MB) -> MeshCosts:
     s, fw = m.sharding, job.framework
     P = stage_params(model, m) / m.tp
-    M_grad = P * fw.grad_reduce_bytes  # gradients reduced in fp32 unless the framework says bf16
+    grad_bytes = fw.grad_reduce_bytes(job.precision)  # fp32 unless the framework reduces in the 16-bit dtype
+    M_grad = P * grad_bytes
     zero = (s == SH_ZERO1) | (s == SH_ZERO2)
-    zero_bucket_bytes = fw.grad_reduce_bytes * np.maximum(fw.zero_bucket_params, fw.zero_bucket_params_per_rank * m.grad_group)
+    zero_bucket_bytes = grad_bytes * np.maximum(fw.zero_bucket_params, fw.zero_bucket_params_per_rank * m.grad_group)
     # Each collective's buffer also passes through memory around it (FSDP2's copy-in to a
     # flat buffer and copy-out; DDP's and ZeRO's bucket copies): in line on a CPU, hidden on
     # the communication stream of a GPU (machine.dp_buffer_copies passes, read + write).

@@ -311,7 +311,11 @@ class FrameworkProfile(Spec):
     pp_sends_split_over_tp: bool = Field(
         False, description="Pipeline sends split over the tensor-parallel ranks even without sequence parallelism "
                            "(Megatron's scatter/gather of p2p messages).")
-    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction.")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction (bf16: in the "
+                                                        "16-bit training dtype).")
+    fp16_grad_reduce_dtype: Literal["fp32", "fp16"] = Field(
+        "fp32", description="Precision of gradient reduction when the job trains in fp16 (Megatron: fp16, its arguments.py "
+                            "forces fp32 only under --bf16; torch's mixed precision: fp32).")
     loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
         12.0, description="Memory the loss holds per logit (torch's eager cross-entropy 12; Megatron's vocab-parallel "
                          "or a fused kernel 4): planner/cost/memory.py.")
@@ -386,8 +390,13 @@ class FrameworkProfile(Spec):
                 ("pipeline", self.pipeline_parallel), ("context", self.context_parallel)) if not has]
         return "; ".join(out)
 
-    @property
-    def grad_reduce_bytes(self) -> int:
+    def grad_reduce_bytes(self, precision: "Precision | str") -> int:
+        """Bytes per gradient element the data-parallel reduction moves for a job in `precision`
+        (fp32 training reduces fp32 gradients)."""
+        if Precision(precision) == Precision.fp32:
+            return 4
+        if Precision(precision) == Precision.fp16:
+            return 4 if self.fp16_grad_reduce_dtype == "fp32" else 2
         return 4 if self.grad_reduce_dtype == "fp32" else 2
 
     def applied_to(self, machine: "MachineModel") -> "MachineModel":

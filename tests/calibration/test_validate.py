@@ -344,7 +344,7 @@ def test_section_d_runs_on_the_network_and_gradient_dtype_it_ran_with():
     machine, dgx = load_machine(run.machine), load_machine("dgx-a100-80gb")
     assert machine.nics_per_node * machine.nic_gbit_s == pytest.approx(400.0)
     assert machine.device_name == dgx.device_name and machine.devices_per_node == 8
-    assert run.job().framework.grad_reduce_bytes == 2
+    assert run.job().framework.grad_reduce_bytes(run.precision) == 2
     figures = {"overlap_dp": dgx.overlap.dp}
     on_ibm = predict(run, cal.with_figures(machine, figures))[1]
     on_dgx = predict(run, cal.with_figures(dgx, figures))[1]

@@ -75,6 +75,29 @@ def test_bf16_gradient_reduction_halves_the_traffic():
     assert t16 < 0.6 * t32
 
 
+@pytest.mark.parametrize("name, bytes_by_precision", [
+    ("megatron", {"bf16": 4, "fp16": 2, "fp32": 4}),  # fp32 forced only under --bf16
+    ("deepspeed", {"bf16": 2, "fp16": 2, "fp32": 4}),  # communication_data_type: the training dtype
+    ("exaplan", {"bf16": 4, "fp16": 4, "fp32": 4}),  # MixedPrecisionPolicy(reduce_dtype=fp32)
+])
+def test_gradient_reduction_bytes_follow_the_frameworks_rule_for_each_precision(name, bytes_by_precision):
+    """Megatron reduces fp32 gradients under --bf16 but fp16 ones under --fp16; the cost model
+    charges the data-parallel traffic by that rule: a Megatron plan in fp16 moves half the
+    gradient bytes of the same plan in bf16."""
+    profile = load_framework(name)
+    assert {p: profile.grad_reduce_bytes(p) for p in bytes_by_precision} == bytes_by_precision
+    if name != "megatron":
+        return
+    lay = Layouts.one(dp=64, mbs=1, gas=8, sharding="zero1")
+    model, machine = get_model("protein-7b"), load_machine("dgx-h100")
+    exposed = {}
+    for precision in ("bf16", "fp16"):
+        job = make_job(model, machine, 64, 512, None, precision, None,
+                       framework=profile.model_copy(update={"overlap_dp": 0.0}))
+        exposed[precision] = float(evaluate(model, machine, job, lay).dp_s[0])
+    assert 0.5 < exposed["fp16"] / exposed["bf16"] < 0.85, exposed  # the all-gather stays 16-bit in both
+
+
 @pytest.mark.parametrize("name, pp, hides", [("deepspeed", 4, False), ("deepspeed", 1, True), ("megatron", 4, True)])
 def test_deepspeeds_pipeline_reduces_gradients_after_the_flush(name, pp, hides):
     """DeepSpeed's pipeline engine allreduces the gradients after the last backward
