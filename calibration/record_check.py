@@ -16,7 +16,9 @@ it alone; the report names the row's unstated fields.
     record_lines(rows)     # one line per unreachable row, for `exaplan validate --published`
 
 `line_rate_fraction` repeats the arithmetic with every link at its line rate (network and NIC
-efficiency 1), the most the modelled communication could shrink.
+efficiency 1), the most the modelled communication could shrink; `other_precision_fraction`
+with the other 16-bit precision where the record had to choose one (Megatron reduces bf16
+training's gradients in fp32 and fp16 training's in fp16).
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ class RecordCheck:
     ceiling: float  # the fitted GEMM curve's asymptote, as a fraction of peak (matmul peak_fraction)
     unreachable: bool = False  # implied_fraction above the ceiling, or no time left
     line_rate_fraction: float | None = None  # implied_fraction with every link at line rate (unreachable rows only)
+    # The same with the record's other 16-bit precision, where its precision is unstated
+    # (calibration/search_unstated.py precisions; unreachable rows only): (precision, fraction).
+    other_precision: str | None = None
+    other_precision_fraction: float | None = None
 
 
 def published_step_time(kind: str, figure: float, predicted: float, step_time_s: float) -> float:
@@ -67,7 +73,22 @@ def check_record(run, machine, evaluation, predicted: float) -> RecordCheck:
         fast = machine.model_copy(update={"network_efficiency": 1.0, "inter_node_efficiency": None})
         ev = evaluate(run.model, fast, run.job(), run.layouts())
         check.line_rate_fraction = _fraction(run, fast, ev, published)[1]
+        _other_precision(check, run, machine, published)
     return check
+
+
+def _other_precision(check: RecordCheck, run, machine, published: float) -> None:
+    """The implied fraction under the run's other 16-bit precision, where the record had to
+    choose one (a framework may reduce the two formats' gradients in different dtypes)."""
+    from calibration.search_unstated import precisions
+
+    others = precisions(run)[1:]
+    if not others:
+        return
+    alt = run.model_copy(update={"precision": others[0]})
+    ev = evaluate(alt.model, machine, alt.job(), alt.layouts())
+    check.other_precision = others[0].value
+    check.other_precision_fraction = _fraction(alt, machine, ev, published)[1]
 
 
 def out_of_reach(record: dict | None) -> bool:
@@ -81,7 +102,10 @@ def _pct(x: float | None) -> str:
 
 def record_line(row_id: str, check: RecordCheck, assumed: list[str]) -> str:
     """One row's verdict, for the validate report."""
-    line_rate = "" if check.line_rate_fraction is None else f" ({_pct(check.line_rate_fraction)} with every link at line rate)"
+    line_rate = "" if check.line_rate_fraction is None else f" ({_pct(check.line_rate_fraction)} with every link at line rate"
+    if check.other_precision is not None:
+        line_rate += f"; {_pct(check.other_precision_fraction)} in {check.other_precision}"
+    line_rate += ")" if line_rate else ""
     unstated = f"; its unstated fields: {', '.join(assumed)}" if assumed else ""
     return (f"  {row_id}: the published step ({check.published_step_s:.3g} s) leaves {check.compute_left_s:.3g} s for compute "
             f"after the modelled communication, bubble and optimizer: {_pct(check.implied_fraction)} of peak{line_rate}, "

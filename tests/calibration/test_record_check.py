@@ -53,6 +53,10 @@ def test_of_the_fitted_rows_only_the_32b_megatron_row_is_out_of_reach():
     assert out == ["A-gpt-32b"], out
     lines = record_lines(rows)
     assert len(lines) == 2 and lines[1].lstrip().startswith("A-gpt-32b:") and "layout.micro_batch" in lines[1]
+    # its precision is unstated: in fp16, whose gradients Megatron reduces in fp16, it is in reach
+    record = next(r.record for r in rows if r.id == "A-gpt-32b")
+    assert record["other_precision"] == "fp16" and record["other_precision_fraction"] < record["ceiling"]
+    assert "in fp16" in lines[1]
     assert record_lines([r for r in rows if r.id != "A-gpt-32b"]) == []
 
 
