@@ -91,6 +91,11 @@ def model_state_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> tuple
     # gathered per block and counted as buffers.
     params = np.where(fully, P * (master if mixed else working) / G, np.where(s == SH_NONE, P * (working + master), P * working + P * master / G))
     grads = np.where((s == SH_ZERO2) | fully, P * grad / G, P * grad)
+    if job.precision == Precision.fp16 and job.framework.grad_reduce_bytes(job.precision) == 2:
+        # fp16 gradients beside the optimizer's fp32 copy of them (Megatron-LM README, distributed
+        # optimizer: "fp16 param, fp16 grads" 20 bytes a parameter, 4 + 16/d sharded, against
+        # "bf16 param, fp32 grads" 18 and 6 + 12/d; DeepSpeed's fp16 ZeRO keeps the same pair).
+        grads = np.where((s == SH_ZERO2) | fully, P * 2.0 / G, P * 2.0) + np.where(s == SH_NONE, P * 4.0, P * 4.0 / G)
     opt = np.where(s == SH_NONE, P * moments, P * moments / G)
     return params, grads, opt
 

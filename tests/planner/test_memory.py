@@ -93,6 +93,19 @@ def test_sharding_bytes_per_parameter_fp32():
     assert list(states_per_param(m, j, L)) == pytest.approx([16.0, 9.0, 5.5, 2.0], **TIGHT)
 
 
+@pytest.mark.parametrize("precision, per_param", [(Precision.bf16, (18.0, 6 + 12 / 8)), (Precision.fp16, (20.0, 4 + 16 / 8))])
+def test_megatrons_model_states_are_its_readmes_table(precision, per_param):
+    """The Megatron-LM README's distributed-optimizer table, bytes a parameter unsharded and
+    over d ranks: "bf16 param, fp32 grads" 18 and 6 + 12/d; "fp16 param, fp16 grads" 20 and
+    4 + 16/d (fp16 gradients beside the optimizer's fp32 copy of them)."""
+    from machine_models import load_framework
+
+    m = get_model("protein-small")
+    j = TrainingJob(global_batch=8, seq_len=512, precision=precision, framework=load_framework("megatron"))
+    L = Layouts.concat([lay(dp_replicate=8), lay(dp_shard=8, sharding=SH_ZERO1)])
+    assert list(states_per_param(m, j, L)) == pytest.approx(list(per_param), **TIGHT)
+
+
 def test_shard_group_includes_cp_and_tp_divides():
     m, j = get_model("protein-7b"), job()
     P = flops.total_params(m)
