@@ -311,11 +311,8 @@ class FrameworkProfile(Spec):
     pp_sends_split_over_tp: bool = Field(
         False, description="Pipeline sends split over the tensor-parallel ranks even without sequence parallelism "
                            "(Megatron's scatter/gather of p2p messages).")
-    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction (bf16: in the "
-                                                        "16-bit training dtype).")
-    fp16_grad_reduce_dtype: Literal["fp32", "fp16"] = Field(
-        "fp32", description="Precision of gradient reduction when the job trains in fp16 (Megatron: fp16, its arguments.py "
-                            "forces fp32 only under --bf16; torch's mixed precision: fp32).")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction in bf16 training.")
+    fp16_grad_reduce_dtype: Literal["fp32", "fp16"] = Field("fp32", description="The same in fp16 training (Megatron: fp16).")
     loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
         12.0, description="Memory the loss holds per logit (torch's eager cross-entropy 12; Megatron's vocab-parallel "
                          "or a fused kernel 4): planner/cost/memory.py.")
@@ -391,13 +388,9 @@ class FrameworkProfile(Spec):
         return "; ".join(out)
 
     def grad_reduce_bytes(self, precision: "Precision | str") -> int:
-        """Bytes per gradient element the data-parallel reduction moves for a job in `precision`
-        (fp32 training reduces fp32 gradients)."""
-        if Precision(precision) == Precision.fp32:
-            return 4
-        if Precision(precision) == Precision.fp16:
-            return 4 if self.fp16_grad_reduce_dtype == "fp32" else 2
-        return 4 if self.grad_reduce_dtype == "fp32" else 2
+        """Bytes a gradient element the data-parallel reduction moves in `precision` training."""
+        dtype = {"fp32": "fp32", "fp16": self.fp16_grad_reduce_dtype}.get(Precision(precision).value, self.grad_reduce_dtype)
+        return 4 if dtype == "fp32" else 2
 
     def applied_to(self, machine: "MachineModel") -> "MachineModel":
         """The machine as this framework uses it: its fitted figures where it has them, its
