@@ -128,6 +128,14 @@ def test_estimate_and_plan_take_the_framework(tmp_path, capsys):
     plan = load_plan(out)
     assert plan.job.framework.name == "megatron" and plan.machine.overlap.dp == load_framework("megatron").overlap_dp
     capsys.readouterr()
+    # explain names the gradients' reduction dtype: Megatron's fp32 under bf16, fp16 under fp16
+    for precision, dtype in (("bf16", "fp32"), ("fp16", "fp16")):
+        assert main(["estimate", "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "2", "--dp", "16",
+                     "--mbs", "1", "--global-batch", "64", "--shard", "zero1", "--framework", "megatron",
+                     "--precision", precision, "-o", str(out)]) == 0
+        capsys.readouterr()
+        assert main(["explain", str(out)]) == 0
+        assert f"gradients reduced in {dtype}" in capsys.readouterr().out
     assert main(["estimate", "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "2", "--dp", "16",
                  "--mbs", "1", "--shard", "fsdp", "--framework", "megatron", "-o", str(tmp_path / "no.yaml")]) == 2
     assert "shard: megatron runs" in capsys.readouterr().err and not (tmp_path / "no.yaml").exists()
