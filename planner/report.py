@@ -148,9 +148,10 @@ def explain_plan(plan: Plan, console: Console) -> None:
                   f"{' | sequence parallel' if p.sequence_parallel else ''} | recompute {p.recompute.value}"
                   f" | {'the whole step one XLA graph' if p.job.framework.compiled_step else 'blocks compiled' if p.compile else 'blocks eager'}")
     s = p.sharding
+    grads = "fp32" if p.job.framework.grad_reduce_bytes(p.job.precision) == 4 else p.job.precision.value
     console.print(f"sharding: {s.kind.value}" + (f" (shard group {s.shard_group_size})" if s.kind.value == "hsdp" else "")
                   + f" | reshard after forward {s.reshard_after_forward} | DDP bucket {s.ddp_bucket_mb:g} MB"
-                  + f" | gradients reduced in {'fp32' if p.job.framework.grad_reduce_bytes(p.job.precision) == 4 else p.job.precision.value}")
+                  + f" | gradients reduced in {grads}")
     if p.pipeline.schedule:
         st = Table(title=f"Pipeline: {p.pipeline.schedule.value}, {p.pipeline.virtual_stages} virtual stage(s) per rank", title_justify="left")
         for col in ("stage", "pp rank", "chunk", "layers", "extra"):
