@@ -46,6 +46,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -110,6 +111,7 @@ class StepTimes:
         self.machines = machines
         self.scales: dict[str, float] = {}  # run id -> figure x step time (0: the figure is the step time)
         self.memo: dict[tuple, float] = {}
+        self.jobs: dict[str, Any] = {}  # run id -> its TrainingJob (the same at every figure)
         self.evaluations = 0
 
     def base_step_s(self, run: PublishedRun, figs: dict[str, float]) -> float:
@@ -117,7 +119,10 @@ class StepTimes:
         t = self.memo.get(key)
         if t is None:
             m = with_figures(self.machines[run.machine], {**figs, "step_overhead_s": 0.0})
-            t = float(evaluate(run.model, m, run.job(), run.layouts()).step_time_s[0])
+            job = self.jobs.get(run.id)
+            if job is None:
+                job = self.jobs[run.id] = run.job()
+            t = float(evaluate(run.model, m, job, run.layouts()).step_time_s[0])
             self.memo[key] = t
             self.evaluations += 1
         return t
