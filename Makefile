@@ -31,7 +31,7 @@ demo: venv
 	$(BIN)/exaplan run runs/demo/plan.yaml --steps $(DEMO_STEPS) --out runs/demo --log-every 20 --val-every 50
 
 # `make test` runs on TEST_WORKERS processes (pytest-xdist; the longest tests, DPO's learning
-# check and the multi-rank runs, spread over them): 9.7 min on this 2-core machine against 14
+# check and the multi-rank runs, spread over them): 9.5 min on this 2-core machine against 14
 # serially. Each rank of a multi-rank test still takes its share of the cores; TEST_WORKERS=0
 # runs serially. `make test-all` stays serial: its slow multi-rank runs time walltime signals.
 TEST_WORKERS ?= 2
