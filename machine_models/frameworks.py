@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import difflib
 import functools
 from pathlib import Path
@@ -19,11 +18,6 @@ DEFAULT_FRAMEWORK = "exaplan"
 
 
 def _profiles(path: Path = FRAMEWORKS_FILE) -> dict[str, dict]:
-    """The file's profiles (a fresh copy each call)."""
-    return copy.deepcopy(_parsed_profiles(path))
-
-
-def _parsed_profiles(path: Path) -> dict[str, dict]:
     """The file's profiles as parsed, shared: not to be changed. The file is read every time,
     parsed once per content: the published-run fit asks for a profile thousands of times, and
     parsing the YAML each time was 88% of its time (deep-copying every profile, 15%)."""
@@ -52,7 +46,7 @@ def load_framework(name: str | None = None, path: Path = FRAMEWORKS_FILE, compil
     PlanError with the known ones and the closest match. `compiled` (--compile): the runtime's
     blocks through torch.compile, for a profile whose blocks otherwise run eager."""
     name = name or DEFAULT_FRAMEWORK
-    profiles = _parsed_profiles(path)  # validation copies what it keeps
+    profiles = _profiles(path)  # validation copies what it keeps
     if name not in profiles:
         near = difflib.get_close_matches(name, list(profiles), n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
