@@ -53,7 +53,7 @@ def top_table(lay: Layouts, ev: Evaluation, title: str) -> Table:
     t = Table(title=title, title_justify="left")
     for col, just in (("#", "right"), ("layout", "left"), ("step", "right"), ("tokens/s", "right"),
                       ("TFLOP/s/dev", "right"), ("MFU", "right"), ("mem/dev GiB", "right")):
-        t.add_column(col, justify=just, no_wrap=col == "layout")
+        t.add_column(col, justify=just, no_wrap=col != "layout")  # the layout wraps; no figure is cut short
     for i in range(len(lay)):
         t.add_row(str(i + 1), layout_label(lay, i), _fmt_time(ev.step_time_s[i]), f"{ev.tokens_per_s[i]:,.0f}",
                   fmt_rate(ev.model_tflops_per_device[i]), f"{ev.mfu[i]:.1%}", f"{ev.memory.total[i] / GIB:.1f}")
@@ -198,7 +198,7 @@ def capacity_table(rows, model: str, machine: str, tokens: float, best=None, u=N
     t = Table(title=f"{model} on {machine}: time to train {tokens:.3g} tokens", title_justify="left")
     for col, just in (("nodes", "right"), ("ranks", "right"), ("global batch", "right"), ("best layout", "left"),
                       ("step", "right"), ("tokens/s", "right"), ("MFU", "right"), ("days", "right")):
-        t.add_column(col, justify=just, no_wrap=col == "best layout")
+        t.add_column(col, justify=just, no_wrap=col != "best layout")  # the layout wraps; no figure is cut short
     for r in rows:
         mark = " <" if best is not None and r.nodes == best.nodes else ""
         if r.layout is None:

@@ -90,6 +90,21 @@ def test_plan_table_output(capsys, tmp_path):
     assert (tmp_path / "p.yaml").exists()
 
 
+def test_plan_table_prints_every_figure_whole(capsys):
+    """Long layout labels (a pipeline, cp, tp, recompute) wrap inside their column; the figures
+    beside them are never cut short ("1,419,9…" had been printed for 1,419,979 tokens/s)."""
+    argv = ("plan", "--model", "protein-3.5b", "--machine", "frontier", "--nodes", "64", "--global-batch", "1024",
+            "--no-write")
+    top = run_json(capsys, *argv)["top"]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0, err
+    table = out[out.index("Top 5 layouts"):out.index("Step time")]
+    assert "…" not in table and "TFLOP/s/dev" in table and "mem/dev GiB" in table
+    assert any(len(r["layout"]) > 70 for r in top)  # the case that used to squeeze the figures
+    for r in top:
+        assert f"{r['tokens_per_s']:,.0f}" in table and f"{r['mfu']:.1%}" in table
+
+
 def test_estimate_json_keys(capsys):
     data = run_json(capsys, *EST_3_5B)
     assert ESTIMATE_KEYS <= set(data)
