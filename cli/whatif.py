@@ -206,6 +206,19 @@ def print_result(result, out) -> None:
     out.print(f"{len(result.points)} points in {result.seconds:.1f} s; regenerate: {result.command}")
 
 
+
+def _two_digits(value: float) -> str:
+    """A rate in whole units, or two significant digits below 10 (a small model's 0.41 TFLOP/s
+    per device, not 0)."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def _small(value: float, fmt: str = "{:,.2f}") -> str:
+    """`fmt`, or two significant digits where `fmt` would print a nonzero value as zero (a
+    short job's 0.0041 days, not 0.00)."""
+    text = fmt.format(value)
+    return f"{value:.2g}" if value and not any(c in "123456789" for c in text) else text
+
 def points_table(result):
     from rich import box
     from rich.table import Table
@@ -232,8 +245,9 @@ def points_table(result):
             t.add_row(*head, f"[dim]{p.reason}[/dim]", *[""] * 8)
             continue
         mark = " [b]knee[/b]" if knees.get(p.group) == p.nodes else ""
-        energy = "" if p.energy_kwh is None else f"{p.energy_kwh / 1000:,.1f}"
-        t.add_row(*head, p.layout, f"{p.step_time_s:.3g}", f"{p.tokens_per_s:.3g}", f"{p.tflops_per_device:.0f}",
-                  f"{p.mfu:.0%}", f"{p.days:.2f} ({p.days_lo:.2f}-{p.days_hi:.2f})", f"{p.node_hours:,.0f}", energy,
+        energy = "" if p.energy_kwh is None else _small(p.energy_kwh / 1000, "{:,.1f}")
+        t.add_row(*head, p.layout, f"{p.step_time_s:.3g}", f"{p.tokens_per_s:.3g}", _two_digits(p.tflops_per_device),
+                  f"{p.mfu:.0%}" if p.mfu >= 0.1 else f"{100 * p.mfu:.2g}%",
+                  f"{_small(p.days)} ({_small(p.days_lo)}-{_small(p.days_hi)})", _small(p.node_hours, "{:,.0f}"), energy,
                   f"{p.scaling_efficiency:.0%}{mark}")
     return t

@@ -114,3 +114,17 @@ def test_compile_answers_for_compiled_blocks(capsys):
     assert 0.6 < cap[True] / cap[False] < 0.9
     rc, _, err = run(capsys, *argv, "--framework", "megatron", "--compile")
     assert rc == 2 and "compile:" in err
+
+
+def test_small_figures_keep_two_significant_digits(capsys):
+    """A small model trained on few tokens: rates, MFU, days and energy below the table's
+    usual rounding print two significant digits instead of zeros."""
+    argv = ["whatif", "--model", "protein-small", "--machine", "frontier", "--nodes", "64", "--tokens", "1e9"]
+    rc, out, _ = run(capsys, *argv, "--json")
+    assert rc == 0
+    p = json.loads(out)["points"][0]
+    assert p["days"] < 0.005 and p["mfu"] < 0.1 and p["tflops_per_device"] < 10  # the case this checks
+    rc, out, _ = run(capsys, *argv)
+    row = next(line for line in out.splitlines() if line.lstrip().startswith("frontier"))
+    assert f"{p['days']:.2g} (" in row and f"{p['tflops_per_device']:.2g}" in row and f"{100 * p['mfu']:.2g}%" in row
+    assert "0.00 (" not in row and " 0% " not in row
