@@ -348,29 +348,27 @@ def _searched_table(searched: list, rows: dict[str, ValidationRow]):
         table.add_column(col, justify="right" if col == "error" else "left", no_wrap=col == "error", overflow="fold")
     for s in searched:
         r = rows[s.id]
-        found = "(nothing fits)" if s.layout is None else s.layout
         err = "" if s.error is None else f"{100 * s.error:+.1f}%"
-        table.add_row(s.id, ", ".join(s.free), r.layout, f"{100 * r.error:+.1f}%", found, err)
+        table.add_row(s.id, ", ".join(s.free), r.layout, f"{100 * r.error:+.1f}%", s.layout or "(nothing fits)", err)
     return table
 
 
 def _table(title: str, rows: list[ValidationRow]):
+    """Names wrap (folded, never cut to "..."); figures stay on one line; leave-one-out only with --loo."""
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
     with_loo = any(r.loo_error is not None for r in rows)
-    for col, just in [("row", "left"), ("model", "left"), ("framework", "left"), ("GPUs", "right"), ("layout", "left"),
-                      ("published", "right"), ("predicted", "right"), ("unit", "left"), ("error", "right"),
-                      ("leave-one-out", "right")][:10 if with_loo else 9]:
-        # Names wrap (folded, never cut to "..."); figures stay on one line.
-        table.add_column(col, justify=just, no_wrap=just == "right", overflow="fold")
+    for col in ["row", "model", "framework", "GPUs", "layout", "published", "predicted", "unit", "error", "leave-one-out"][:9 + with_loo]:
+        figure = col in ("GPUs", "published", "predicted", "error", "leave-one-out")
+        table.add_column(col, justify="right" if figure else "left", no_wrap=figure, overflow="fold")
     for r in rows:
         err = f"{100 * r.error:+.1f}%" + (" !" if out_of_reach(r.record) else "")
         style = "red" if abs(r.error) > 0.25 else ("yellow" if abs(r.error) > 0.10 else "")
-        loo = "" if r.loo_error is None else f"{100 * r.loo_error:+.1f}%"
-        mark = "*" if r.assumed else ""
-        table.add_row(r.id + mark, r.model, r.framework, str(r.gpus), r.layout, _fmt(r.published, r.kind),
-                      _fmt(r.predicted, r.kind), r.unit, f"[{style}]{err}[/]" if style else err, *([loo] if with_loo else []))
+        loo = [] if not with_loo else ["" if r.loo_error is None else f"{100 * r.loo_error:+.1f}%"]
+        table.add_row(r.id + ("*" if r.assumed else ""), r.model, r.framework, str(r.gpus), r.layout,
+                      _fmt(r.published, r.kind), _fmt(r.predicted, r.kind), r.unit,
+                      f"[{style}]{err}[/]" if style else err, *loo)
     return table
 
 
