@@ -372,7 +372,8 @@ class MetricsWriter:
             return f"{format(lo_hi[0], spec)}-{format(lo_hi[1], spec)}{mark}"
 
         t = Table(title=f"Measured vs predicted: {s['model']} on {s['world_size']} ranks of {s['machine']} "
-                        f"({s['steps_measured']} steps after {s['warmup_steps_excluded']} warm-up)")
+                        f"({s['steps_measured']} steps after {s['warmup_steps_excluded']} warm-up)",
+                  title_justify="left", caption_justify="left")
         for col, just in (("", "left"), ("measured", "right"), ("predicted", "right"), ("error", "right"),
                           ("interval", "right")):
             t.add_column(col, justify=just)
