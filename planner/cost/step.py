@@ -152,6 +152,15 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     replay_op = np.where(u.sp == 1, 1.0, replay)
     replays = np.where(u.recompute == RC_FULL, replay, np.where(u.recompute == RC_OP, replay_op, 0))
     calls = np.where(t > 1, blocks_on_rank * (4 + replays) * (1 - ov.tp), 0.0)
+    # Sequence parallelism over dim 1 (torch DTensor, sp_collective_copies): the libraries gather
+    # and scatter dim 0, so each reduce-scatter first cats its input's chunks, and each all-gather
+    # of more than one sequence cats its output's (one: a view), a read and a write of the whole
+    # activation in line (torch/_utils.py _chunk_or_narrow_cat, _maybe_view_chunk_cat). Replays:
+    # both all-gathers where any, 2 x replays - 2 reduce-scatters (selective-op: none).
+    ag, rs = 4 + np.where(replays > 0, 2.0, 0.0), 4 + np.maximum(2 * replays - 2, 0.0)
+    copies = np.where((t > 1) & (u.sp == 1), blocks_on_rank * (rs + ag * (u.mbs > 1)) * 2 * M_act, 0.0)
+    copy_s = copies / (machine.memory_bandwidth_gbyte_s * 1e9 * compute.EAGER_BANDWIDTH_FRACTION) \
+        if job.framework.sp_collective_copies else 0.0
     ar_codes, rsag_codes = algos
     tp_mb = {}
     for a in sorted(set(ar_codes) | set(rsag_codes)):
@@ -159,7 +168,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
         sp_cost = comm.reduce_scatter(a, pl_tp, M_act) + comm.all_gather(a, pl_tp, M_act) if a in rsag_codes else np.inf
         cost = np.where(u.sp == 1, sp_cost, ar_cost)  # inf where the library lacks the algorithm
         with np.errstate(invalid="ignore"):
-            tp_mb[a] = np.where(calls > 0, calls * cost, 0.0)
+            tp_mb[a] = np.where(calls > 0, calls * cost, 0.0) + copy_s
     # Context parallel (runtime/parallel/context.py): every block all-gathers K and V over
     # the cp ranks in forward (again when recomputed) and reduce-scatters their gradients
     # in backward: (cp-1)/cp of the full sequence's K and V per pass, as a ring would move.

@@ -304,13 +304,14 @@ class FrameworkProfile(Spec):
         None, description="Hidden fraction of the data-parallel traffic under compute (fitted); None: the machine's own figure "
                           "(its device kind's, fitted for exaplan's runtime).")
     step_overhead_s: Time | None = Field(None, description="Fixed cost of every optimizer step (fitted), s; None: the machine's own figure.")
-    overlap_tp: Fraction = Field(0.0, description="Hidden fraction of tensor-parallel traffic (Megatron's "
-                                                  "--tp-comm-overlap: 1).")
+    overlap_tp: Fraction = Field(0.0, description="Hidden fraction of tensor-parallel traffic (Megatron's --tp-comm-overlap: 1).")
     flash_attention: bool = Field(True, description="Uses fused attention where the device has it.")
     sequence_parallel: bool = Field(True, description="Offers sequence parallelism with tensor parallelism.")
     pp_sends_split_over_tp: bool = Field(
         False, description="Pipeline sends split over the tensor-parallel ranks even without sequence parallelism "
                            "(Megatron's scatter/gather of p2p messages).")
+    sp_collective_copies: bool = Field(True, description="Sequence parallelism shards dim 1 (batch first: torch DTensor's Shard(1)), "
+                                       "so each all-gather and reduce-scatter also copies the whole activation (chunk + cat).")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction in bf16 training.")
     fp16_grad_reduce_dtype: Literal["fp32", "fp16"] = Field("fp32", description="The same in fp16 training (Megatron: fp16).")
     loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
@@ -360,8 +361,7 @@ class FrameworkProfile(Spec):
     weight_bytes_per_param: Annotated[float, Field(ge=0, le=1e3)] = Field(
         24.0, description="Bytes each parameter a rank holds moves per micro-batch beside the GEMMs, charged with measured_kernels: "
                          "fp32 weights cast under autocast and fp32 gradient accumulation (exaplan's runtime: 24).")
-    shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding),
-                                      description="Data-parallel shardings the framework runs.")
+    shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding), description="Data-parallel shardings the framework runs.")
     recompute_levels: list[Recompute] = Field(default_factory=lambda: list(Recompute), min_length=1,
                                               description="Recompute levels the framework offers (selective-op: torch's per-op policy).")
     cpu_figures: dict[str, float] = Field(

@@ -65,6 +65,32 @@ def test_pipeline_sends_split_over_tp_ranks():
     assert evaluate(model, machine, job, lay).pp_s[0] < whole
 
 
+@pytest.mark.parametrize("sp, mbs, recompute, rs, ag", [
+    (True, 2, "none", 4, 4), (True, 1, "none", 4, 0), (False, 2, "none", 0, 0),
+    (True, 2, "full", 5, 6),  # the replay stops before the down projection's reduce-scatter
+    (True, 2, "selective-op", 4, 6),  # the reduce-scatters' outputs kept, the all-gathers replayed
+])
+def test_sequence_parallel_over_dim_1_copies_around_its_collectives(sp, mbs, recompute, rs, ag):
+    """torch DTensor shards the sequence on dim 1 (batch first) and the libraries gather and
+    scatter dim 0: each sequence-parallel reduce-scatter cats its input's chunks first, each
+    all-gather of more than one sequence cats its output's (of one, a view), a read and a write
+    of the whole activation at a copy's bandwidth per block and collective. Megatron's
+    sequence-first layout needs neither, nor does plain TP (its allreduce reorders nothing)."""
+    from planner.cost.compute import EAGER_BANDWIDTH_FRACTION
+    from planner.schema.specs import bytes_per_element
+
+    gas = 64 // mbs  # 64 ranks, 512 sequences
+    lay = Layouts.one(dp=8, mbs=mbs, gas=gas, tp=8, sp=sp, recompute=recompute)
+    copies, none = FrameworkProfile(), FrameworkProfile(sp_collective_copies=False)
+    assert copies.sp_collective_copies and not load_framework("megatron").sp_collective_copies
+    model, machine, job = _job(copies)
+    with_copies = evaluate(model, machine, job, lay).tp_s[0]
+    without = evaluate(*_job(none), lay).tp_s[0]
+    m_act = mbs * job.seq_len * model.hidden * bytes_per_element(job.precision)
+    per_copy = 2 * m_act / (machine.memory_bandwidth_gbyte_s * 1e9 * EAGER_BANDWIDTH_FRACTION)
+    assert with_copies - without == pytest.approx(gas * model.layers * (rs + ag) * per_copy, rel=1e-9, abs=1e-12)
+
+
 def test_bf16_gradient_reduction_halves_the_traffic():
     lay = Layouts.one(dp=64, mbs=1, gas=8)
     fp32 = FrameworkProfile(overlap_dp=0.0)
