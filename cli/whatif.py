@@ -206,7 +206,6 @@ def print_result(result, out) -> None:
     out.print(f"{len(result.points)} points in {result.seconds:.1f} s; regenerate: {result.command}")
 
 
-
 def _two_digits(value: float) -> str:
     """A rate in whole units, or two significant digits below 10 (a small model's 0.41 TFLOP/s
     per device, not 0)."""
@@ -218,6 +217,7 @@ def _small(value: float, fmt: str = "{:,.2f}") -> str:
     short job's 0.0041 days, not 0.00)."""
     text = fmt.format(value)
     return f"{value:.2g}" if value and not any(c in "123456789" for c in text) else text
+
 
 def points_table(result):
     from rich import box

@@ -311,7 +311,7 @@ class FrameworkProfile(Spec):
         False, description="Pipeline sends split over the tensor-parallel ranks even without sequence parallelism "
                            "(Megatron's scatter/gather of p2p messages).")
     sp_collective_copies: bool = Field(True, description="Sequence parallelism shards dim 1 (batch first: torch DTensor's Shard(1)), "
-                                       "so each all-gather and reduce-scatter also copies the whole activation (chunk + cat).")
+                                       "so each reduce-scatter, and each all-gather of 2+ sequences, also copies the activation.")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction in bf16 training.")
     fp16_grad_reduce_dtype: Literal["fp32", "fp16"] = Field("fp32", description="The same in fp16 training (Megatron: fp16).")
     loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
