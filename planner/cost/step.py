@@ -157,10 +157,11 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     # of more than one sequence cats its output's (one: a view), a read and a write of the whole
     # activation in line (torch/_utils.py _chunk_or_narrow_cat, _maybe_view_chunk_cat). Replays:
     # both all-gathers where any, 2 x replays - 2 reduce-scatters (selective-op: none).
-    ag, rs = 4 + np.where(replays > 0, 2.0, 0.0), 4 + np.maximum(2 * replays - 2, 0.0)
-    copies = np.where((t > 1) & (u.sp == 1), blocks_on_rank * (rs + ag * (u.mbs > 1)) * 2 * M_act, 0.0)
-    copy_s = copies / (machine.memory_bandwidth_gbyte_s * 1e9 * compute.EAGER_BANDWIDTH_FRACTION) \
-        if job.framework.sp_collective_copies else 0.0
+    copy_s = 0.0
+    if job.framework.sp_collective_copies:  # only then: the search's hot path pays nothing for Megatron
+        ag, rs = 4 + np.where(replays > 0, 2.0, 0.0), 4 + np.maximum(2 * replays - 2, 0.0)
+        copies = np.where((t > 1) & (u.sp == 1), blocks_on_rank * (rs + ag * (u.mbs > 1)) * 2 * M_act, 0.0)
+        copy_s = copies / (machine.memory_bandwidth_gbyte_s * 1e9 * compute.EAGER_BANDWIDTH_FRACTION)
     ar_codes, rsag_codes = algos
     tp_mb = {}
     for a in sorted(set(ar_codes) | set(rsag_codes)):
