@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU build of torch that lies on this kind of machine; never an unpinned torch.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test test-all bench bench-runtime bench-jax bench-gpu bench-gpu-jax bench-gpu-kernels bench-local plans clean
+.PHONY: venv demo test test-all docs docs-serve bench bench-runtime bench-jax bench-gpu bench-gpu-jax bench-gpu-kernels bench-local plans clean
 
 venv: $(STAMP)
 
@@ -35,8 +35,18 @@ demo: venv
 # serially. Each rank of a multi-rank test still takes its share of the cores; TEST_WORKERS=0
 # runs serially. `make test-all` stays serial: its slow multi-rank runs time walltime signals.
 TEST_WORKERS ?= 2
-test: venv
+test: venv docs
 	$(BIN)/python -m pytest -q -m "not slow" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
+
+# The documentation site (docs/, mkdocs.yml; MkDocs with the Material theme): `make docs` builds it
+# into site/ with --strict (a broken link, a missing page or a failing generator fails the build);
+# `make test` builds it first. `make docs-serve` serves it on localhost:8000 while you edit.
+MKDOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
+docs: venv
+	$(MKDOCS_ENV) $(BIN)/mkdocs build --strict --quiet
+
+docs-serve: venv
+	$(MKDOCS_ENV) $(BIN)/mkdocs serve
 
 # The fuzz tests (tests/fuzz) run 25 examples each with a fixed seed in `make test`, and
 # EXAPLAN_FUZZ_DEEP examples each with a fresh seed in `make test-all`.
@@ -111,4 +121,4 @@ plans: venv
 	$(BIN)/python -m cli.examples
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache
