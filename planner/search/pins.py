@@ -21,7 +21,7 @@ from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Space
 from planner.schema.errors import PlanError
 from planner.schema.plan import Recompute, Schedule, Sharding
 from planner.schema.specs import FrameworkProfile, ModelSpec, TrainingJob, divisors
-from planner.search.space import MAX_VIRTUAL_STAGES, cp_options, tp_options
+from planner.search.axes import MAX_VIRTUAL_STAGES, cp_options, tp_options
 
 # Where each pin is compared in a Space: (part, column of that part's layouts or of the rows).
 COLUMNS = {

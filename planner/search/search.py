@@ -16,8 +16,9 @@ import numpy as np
 from planner.cost.layout import Layouts
 from planner.cost.step import Evaluation, evaluate, evaluate_space
 from planner.schema.errors import PlanError
+from planner.search.axes import cp_options, tp_options
 from planner.search.pins import Pins
-from planner.search.space import cp_options, enumerate_space, tp_options
+from planner.search.space import enumerate_space
 from planner.schema.specs import MachineModel, ModelSpec, TrainingJob, divisors
 
 FINALISTS = 64

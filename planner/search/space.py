@@ -7,7 +7,7 @@ mbs x gas x dp = global batch (never changed); a pipeline has gas >= pp micro-ba
 (interleaved 1F1B: a multiple of pp, and pp x v <= layers; v need not divide the layers,
 planner.cost.pipeline charges the busiest rank of the best uneven split); sharding over dp_shard x cp
 ranks; HSDP groups of every size G with 2 <= G and dp / G >= 2; sequence parallelism only
-with tp > 1.
+with tp > 1. The values of each axis on its own come from planner.search.axes.
 """
 
 from __future__ import annotations
@@ -16,43 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost.layout import RECOMPUTES, SC_1F1B, SC_GPIPE, SC_INTERLEAVED, SC_NONE, SH_HSDP, SH_NONE, SHARDINGS, Layouts, Space
+from planner.cost.layout import RECOMPUTES, SH_HSDP, SH_NONE, SHARDINGS, Layouts, Space
 from planner.schema.specs import ModelSpec, TrainingJob, divisors
+from planner.search.axes import cp_options, pipeline_options, sharding_options, tp_options
 
 if TYPE_CHECKING:
     from planner.search.pins import Pins
-
-MAX_VIRTUAL_STAGES = 8
-
-
-def tp_options(model: ModelSpec, world: int) -> list[int]:
-    return [t for t in divisors(world) if model.heads % t == 0 and model.kv_heads % t == 0 and model.ffn_hidden % t == 0]
-
-
-def cp_options(job: TrainingJob, rest: int) -> list[int]:
-    return [c for c in divisors(rest) if c == 1 or job.seq_len % (2 * c) == 0]
-
-
-def pipeline_options(layers: int, pp: int, gas: int) -> list[tuple[int, int]]:
-    """(schedule code, virtual stages) pairs legal for pp and gas micro-batches."""
-    if pp == 1:
-        return [(SC_NONE, 1)]
-    if gas < pp:
-        return []
-    out = [(SC_GPIPE, 1), (SC_1F1B, 1)]
-    if gas % pp == 0:
-        out += [(SC_INTERLEAVED, v) for v in range(2, MAX_VIRTUAL_STAGES + 1) if pp * v <= layers]
-    return out
-
-
-def sharding_options(dp: int, cp: int) -> list[tuple[int, int, int]]:
-    """(sharding code, dp_replicate, dp_shard) for dp data-parallel ranks."""
-    if dp * cp == 1:
-        return [(SH_NONE, 1, 1)]
-    out = [(SH_NONE, dp, 1)]
-    out += [(code, 1, dp) for code in range(1, len(SHARDINGS)) if code != SH_HSDP]
-    out += [(SH_HSDP, dp // g, g) for g in divisors(dp) if 2 <= g and dp // g >= 2]
-    return out
 
 
 def enumerate_space(model: ModelSpec, job: TrainingJob, world: int, pins: Pins | None = None) -> Space:

@@ -28,7 +28,8 @@ from planner.cost.step import evaluate, evaluate_space
 from planner.schema.errors import PlanError
 from planner.inputs import make_job
 from planner.presets import get_model
-from planner.search.space import MAX_VIRTUAL_STAGES, enumerate_space, layout_problems
+from planner.search.axes import MAX_VIRTUAL_STAGES
+from planner.search.space import enumerate_space, layout_problems
 from planner.search.search import FINALISTS, search
 from planner.schema.specs import (Algorithm, CollectiveLibrary, FrameworkProfile, MachineModel, ModelSpec, Overlap,
                                   Precision, TrainingJob)
