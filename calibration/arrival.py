@@ -102,7 +102,7 @@ def launcher_from(text: str | None) -> list[str]:
 
 def pick_layouts(world: int, k: int, seq_len: int):
     """The first k of validate_local's layouts on `world` ranks, in LAYOUT_ORDER."""
-    from calibration.validate_local import default_layouts
+    from calibration.validate_local_layouts import default_layouts
 
     lays = default_layouts(world, seq_len=seq_len)
     rank = {name: i for i, name in enumerate(LAYOUT_ORDER)}
@@ -112,7 +112,7 @@ def pick_layouts(world: int, k: int, seq_len: int):
 def write_plan(model: str, machine, nodes: int, layout, path: Path):
     """One layout's plan over `nodes` nodes of `machine` (validate_local.write_layout_plan),
     its command naming the run's measured.yaml."""
-    from calibration.validate_local import write_layout_plan
+    from calibration.validate_local_layouts import write_layout_plan
 
     return write_layout_plan(model, machine, machine.devices_per_node, layout, path, nodes=nodes,
                              machine_label=str(path.parents[2] / "measured.yaml"))
@@ -187,7 +187,8 @@ def run_arrival(a: Arrival, progress: bool = True, console=None) -> dict[str, An
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from calibration.fit_runs import refit_to_file
-    from calibration.validate_local import ValidationReport, predict, summarise
+    from calibration.validate_local_layouts import predict
+    from calibration.validate_local_summary import ValidationReport, summarise
     from machine_models import load_machine
     from runtime.dataprep.cache import ensure_prepared
 

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from planner.schema.figures import BOUNDS, figures_of, with_figures
-from calibration.validate_local import predict, resolve_machine
+from calibration.validate_local_layouts import predict, resolve_machine
 from planner.schema.errors import PlanError
 
 # Figures `refit_from_runs` fits unless told otherwise (planner/schema/figures.py lists every one it can).

@@ -30,14 +30,17 @@ machine's efficiency figures refitted by least squares on the log step-time erro
 error on layouts left out of the fit, before and after) can use them later:
 `exaplan calibrate --from-runs OUT/runs/*`.
 
-Default job (in the report): 2 sequences per rank, sequence 64, fp32 (--backend jax: jaxrt's layouts)."""
+Default job (in the report): 2 sequences per rank, sequence 64, fp32 (--backend jax: jaxrt's layouts).
+
+The parts: the layouts and their plans (validate_local_layouts.py), the statistics and the
+report's data (validate_local_summary.py), its files and table (validate_local_report.py); this
+module runs the layouts."""
+
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -48,261 +51,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from calibration.validate_local_layouts import (DEFAULT_SEQ_LEN, GIB, SEQUENCES_PER_RANK, LocalLayout, default_layouts,
+                                                predict, resolve_machine, write_layout_plan)
 from calibration.validate_local_report import save_report
+from calibration.validate_local_summary import (TARGETS, ValidationReport, first_choice, relative_error, spearman,
+                                                summarise)
 from planner.schema.errors import PlanError
 
-GIB = float(1 << 30)
-DEFAULT_SEQ_LEN = 64
-SEQUENCES_PER_RANK = 2
-TARGETS = dict(median_abs_step_error=0.10, spearman=0.90, first_choice_miss=0.05, median_abs_memory_error=0.15)
-
-
-# --------------------------------------------------------------------------------------------
-# Layouts
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LocalLayout:
-    """One layout to run on this machine: a name, the degrees `Layouts.one` takes, the job
-    (fp32: the CPU's fast precision) and optionally a DDP bucket size to force (otherwise the
-    planner picks one)."""
-
-    name: str
-    dp: int
-    mbs: int
-    global_batch: int
-    seq_len: int
-    tp: int = 1
-    pp: int = 1
-    sharding: str = "none"
-    shard_group: int | None = None
-    recompute: str = "none"
-    schedule: str | None = None
-    sp: bool | None = None
-    ddp_bucket_mb: float | None = None
-
-    def layouts(self):
-        from planner.cost.layout import Layouts
-
-        return Layouts.one(dp=self.dp, mbs=self.mbs, gas=max(self.global_batch // (self.dp * self.mbs), 1), tp=self.tp,
-                           pp=self.pp, sharding=self.sharding, shard_group=self.shard_group, recompute=self.recompute,
-                           schedule=self.schedule, sp=self.sp)
-
-    def estimate_args(self) -> list[str]:
-        """The same layout as options of `exaplan estimate` (after --model/--machine/--nodes)."""
-        args = ["--dp", self.dp, "--mbs", self.mbs]
-        for flag, value, default in (("--tp", self.tp, 1), ("--pp", self.pp, 1), ("--shard", self.sharding, "none"),
-                                     ("--shard-group", self.shard_group, None), ("--recompute", self.recompute, "none"),
-                                     ("--schedule", self.schedule, None)):
-            if value != default:
-                args += [flag, value]
-        if self.sp is not None:
-            args.append("--sp" if self.sp else "--no-sp")
-        args += ["--global-batch", self.global_batch, "--seq-len", self.seq_len, "--precision", "fp32"]
-        return [str(a) for a in args]
-
-    def describe(self) -> str:
-        """The estimate options, and the forced bucket if any (the report's `estimate_args`)."""
-        bucket = f" (ddp bucket {self.ddp_bucket_mb:g} MB)" if self.ddp_bucket_mb else ""
-        return " ".join(self.estimate_args()) + bucket
-
-
-def default_layouts(ranks: int = 2, *, global_batch: int | None = None, seq_len: int = DEFAULT_SEQ_LEN) -> list[LocalLayout]:
-    """At least 10 different layouts on `ranks` local ranks (a power of two, >= 2)."""
-    if ranks < 2 or ranks & (ranks - 1):
-        raise PlanError(f"local validation needs a power of two of at least 2 ranks, got {ranks}", field="ranks")
-    gb = global_batch or SEQUENCES_PER_RANK * ranks
-    half = ranks // 2
-    mbs = gb // ranks  # one micro-batch per step on pure data parallelism
-
-    def L(name, **kw):
-        return LocalLayout(name, global_batch=gb, seq_len=seq_len, **kw)
-
-    out = [
-        L("ddp-b25", dp=ranks, mbs=mbs, ddp_bucket_mb=25.0),
-        L("ddp-b400", dp=ranks, mbs=mbs, ddp_bucket_mb=400.0),
-        L("ddp-mbs1-gas", dp=ranks, mbs=1),
-        L("ddp-recompute", dp=ranks, mbs=mbs, recompute="full"),
-        L("fsdp", dp=ranks, mbs=mbs, sharding="fsdp"),
-        L("fsdp-recompute", dp=ranks, mbs=mbs, sharding="fsdp", recompute="full"),
-        L("fsdp-grad-op", dp=ranks, mbs=mbs, sharding="fsdp-grad-op"),
-        L("zero1", dp=ranks, mbs=mbs, sharding="zero1"),
-        L("tp2", tp=2, dp=half, mbs=gb // half, sp=False),
-        L("tp2-sp", tp=2, dp=half, mbs=gb // half, sp=True),
-        L("pp2-1f1b", pp=2, dp=half, mbs=1, schedule="1f1b"),
-        L("pp2-gpipe", pp=2, dp=half, mbs=1, schedule="gpipe"),
-    ]
-    if ranks >= 4:
-        out.append(L("hsdp", dp=ranks, mbs=mbs, sharding="hsdp", shard_group=2))
-    return out
-
-
-def resolve_machine(machine, ranks: int):
-    from machine_models import load_machine
-    from planner.schema.specs import MachineModel
-
-    if isinstance(machine, MachineModel):
-        return machine
-    return load_machine(machine, ranks=ranks) if str(machine) == "local" else load_machine(machine)
-
-
-def write_layout_plan(model: str, machine, ranks: int, layout: LocalLayout, path: Path, nodes: int = 1,
-                      machine_label: str | None = None, backend: str = "torch"):
-    """Write the plan of one layout, as `exaplan estimate --model MODEL --machine LABEL
-    --nodes NODES ARGS -o PATH` would (the same functions; the machine may be a MachineModel,
-    named in the plan's command by `machine_label` (default: its preset name, or "local"),
-    layout.ddp_bucket_mb forces the DDP bucket; backend jax: the jax framework profile and
-    `backend: jax` in the plan). Returns the plan."""
-    from machine_models.frameworks import load_framework
-    from planner.cost.step import evaluate
-    from planner.emit import build_plan
-    from planner.inputs import load_model, make_job
-    from planner.schema.plan import write_plan
-    from planner.search.space import layout_problems
-
-    mach = resolve_machine(machine, ranks)
-    name = machine_label or (machine if isinstance(machine, str) else "local")
-    spec = load_model(model)
-    world = mach.devices_per_node * nodes
-    framework = load_framework("jax") if backend == "jax" else None
-    job = make_job(spec, mach, world, layout.global_batch, layout.seq_len, "fp32", None, framework=framework)
-    lay = layout.layouts()
-    problems = layout_problems(spec, job, world, lay)
-    if problems:
-        raise PlanError(f"layout {layout.name}: " + "; ".join(problems))
-    buckets = (float(layout.ddp_bucket_mb),) if layout.ddp_bucket_mb else None
-    ev = evaluate(spec, mach, job, lay, ddp_buckets_mb=buckets)
-    argv = ["estimate", "--model", model, "--machine", name, "--nodes", str(nodes), *layout.estimate_args()]
-    if backend == "jax":
-        argv += ["--framework", "jax"]
-    plan = build_plan(spec, mach, job, nodes, lay, ev, 0, command=shlex.join(["exaplan", *argv, "-o", str(path)]),
-                      backend=None if backend == "torch" else backend)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_plan(plan, path)
-    return plan
-
-
-def predict(plan, machine=None) -> dict[str, float]:
-    """Re-predict a plan's layout (same model, job, DDP bucket) on `machine` (default: the
-    plan's own): step time, its parts and memory (GiB)."""
-    from planner.cost.layout import Layouts
-    from planner.cost.step import evaluate
-
-    mach = machine or plan.machine
-    # DDP runs with the plan's bucket; the other kinds let the model choose, as the planner did.
-    ddp = plan.sharding.kind.value == "none"
-    buckets = (plan.sharding.ddp_bucket_mb,) if ddp else None
-    ev = evaluate(plan.model, mach, plan.job, Layouts.from_plan(plan), ddp_buckets_mb=buckets)
-    return dict(step_time_s=float(ev.step_time_s[0]), compute_s=float(ev.compute_s[0]), dp_s=float(ev.dp_s[0]),
-                tp_s=float(ev.tp_s[0]), pp_s=float(ev.pp_s[0]), bubble_s=float(ev.bubble_s[0]),
-                optimizer_s=float(ev.optimizer_s[0]), memory_gib=float(ev.memory.total[0] / GIB))
-
-
-# --------------------------------------------------------------------------------------------
-# Statistics
-# --------------------------------------------------------------------------------------------
-
-
-def spearman(predicted: Sequence[float], measured: Sequence[float]) -> float:
-    """Spearman rank correlation (nan with fewer than 3 points or a constant series)."""
-    from scipy.stats import spearmanr
-
-    p, m = np.asarray(predicted, float), np.asarray(measured, float)
-    if len(p) < 3 or np.all(p == p[0]) or np.all(m == m[0]):
-        return float("nan")
-    return float(spearmanr(p, m).statistic)
-
-
-def first_choice(names: Sequence[str], predicted: Sequence[float], measured: Sequence[float]) -> dict[str, Any]:
-    """The planner's first choice (lowest predicted) against the fastest measured: names, and
-    how much slower the first choice ran (measured / fastest measured - 1; 0 when it was)."""
-    p, m = np.asarray(predicted, float), np.asarray(measured, float)
-    i, j = int(np.argmin(p)), int(np.argmin(m))
-    return dict(first_choice=names[i], fastest=names[j], first_choice_is_fastest=i == j,
-                first_choice_miss=float(m[i] / m[j] - 1.0))
-
-
-def _err(measured, predicted):
-    if measured is None or predicted is None or not predicted:
-        return None
-    return measured / predicted - 1.0
-
-
-# --------------------------------------------------------------------------------------------
-# Running
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ValidationReport:
-    model: str
-    machine: str
-    ranks: int
-    steps: int
-    job: dict
-    rows: list[dict]
-    baseline_rss_gib: float | None
-    memory_reserve_gib: float
-    median_abs_step_error: float | None = None
-    max_abs_step_error: float | None = None
-    median_abs_memory_error: float | None = None
-    max_abs_memory_error: float | None = None
-    median_abs_memory_error_raw: float | None = None
-    max_abs_memory_error_raw: float | None = None
-    spearman: float | None = None
-    first_choice: dict = field(default_factory=dict)
-    targets: dict = field(default_factory=dict)
-    files: dict = field(default_factory=dict)
-
-    @property
-    def ok_rows(self) -> list[dict]:
-        return [r for r in self.rows if r["status"] == "ok"]
-
-    def to_json(self) -> dict:
-        return _clean(asdict(self))
-
-
-def _clean(x):
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return None if not math.isfinite(float(x)) else float(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
-
-
-def summarise(rows: list[dict]) -> dict[str, Any]:
-    """Aggregate errors, Spearman and the first-choice check over the rows that ran."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    out: dict[str, Any] = {}
-    if not ok:
-        return out
-    se = np.abs([r["step_time_error"] for r in ok])
-    out["median_abs_step_error"], out["max_abs_step_error"] = float(np.median(se)), float(np.max(se))
-    for key, suffix in (("memory_error", ""), ("memory_error_raw", "_raw")):
-        vals = np.abs([r[key] for r in ok if r.get(key) is not None])
-        if len(vals):
-            out[f"median_abs_memory_error{suffix}"], out[f"max_abs_memory_error{suffix}"] = float(np.median(vals)), float(np.max(vals))
-    pred = [r["predicted_step_time_s"] for r in ok]
-    meas = [r["measured_step_time_s"] for r in ok]
-    out["spearman"] = spearman(pred, meas)
-    out["first_choice"] = first_choice([r["name"] for r in ok], pred, meas)
-    t = TARGETS
-    got = dict(median_abs_step_error=out["median_abs_step_error"], spearman=out["spearman"],
-               first_choice_miss=out["first_choice"]["first_choice_miss"],
-               median_abs_memory_error=out.get("median_abs_memory_error"))
-    out["targets"] = {
-        k: dict(target=t[k], value=v, met=None if v is None or (isinstance(v, float) and math.isnan(v))
-                else (v >= t[k] if k == "spearman" else v <= t[k]))
-        for k, v in got.items()
-    }
-    return out
+# The names of `exaplan validate --local` in one place, its layouts' and its statistics' included
+# (calibration/validate_local_layouts.py, calibration/validate_local_summary.py).
+__all__ = ["DEFAULT_SEQ_LEN", "GIB", "MEMORY_RUN_ENV", "MEMORY_RUN_STEPS", "SEQUENCES_PER_RANK", "TARGETS", "LocalLayout",
+           "PlanError", "ValidationReport", "default_layouts", "first_choice", "measure_baseline_rss_gib", "predict",
+           "resolve_machine", "run_local_validation", "run_one", "spearman", "summarise", "write_layout_plan"]
 
 
 # Memory runs: glibc's malloc keeps freed blocks (its mmap threshold rises to the largest
@@ -364,9 +124,9 @@ def _row_from_run(layout: LocalLayout, plan, run_dir: Path, baseline: float | No
     ex = {k.value if hasattr(k, "value") else str(k): v for k, v in st.exposed_comm_s.items()}
     return dict(
         name=layout.name, status="ok", estimate_args=layout.describe(),
-        predicted_step_time_s=pred_t, measured_step_time_s=meas_t, step_time_error=_err(meas_t, pred_t),
-        predicted_memory_gib=pred_m, measured_memory_gib=meas_m, memory_error_raw=_err(meas_m, pred_m),
-        predicted_memory_net_gib=pred_net, measured_memory_net_gib=meas_net, memory_error=_err(meas_net, pred_net),
+        predicted_step_time_s=pred_t, measured_step_time_s=meas_t, step_time_error=relative_error(meas_t, pred_t),
+        predicted_memory_gib=pred_m, measured_memory_gib=meas_m, memory_error_raw=relative_error(meas_m, pred_m),
+        predicted_memory_net_gib=pred_net, measured_memory_net_gib=meas_net, memory_error=relative_error(meas_net, pred_net),
         predicted_compute_s=st.compute_s, predicted_dp_s=ex.get("dp", 0.0), predicted_tp_s=ex.get("tp", 0.0),
         predicted_pp_s=ex.get("pp", 0.0), predicted_bubble_s=st.bubble_s, predicted_optimizer_s=st.optimizer_s,
         run_dir=str(run_dir),

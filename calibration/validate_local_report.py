@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from calibration.validate_local import ValidationReport
+    from calibration.validate_local_summary import ValidationReport
 
 CSV_COLUMNS = [
     "name", "status", "estimate_args", "predicted_step_time_s", "measured_step_time_s", "step_time_error",
@@ -19,7 +19,6 @@ CSV_COLUMNS = [
     "measured_memory_net_gib", "memory_error", "predicted_compute_s", "predicted_dp_s", "predicted_tp_s",
     "predicted_pp_s", "predicted_bubble_s", "predicted_optimizer_s", "run_dir",
 ]
-
 
 
 def save_report(rep: ValidationReport, out: Path) -> None:

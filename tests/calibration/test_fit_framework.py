@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from calibration.fit_framework import FIXED, fit_cpu_figures, save_cpu_figures
-from calibration.validate_local import LocalLayout, predict, write_layout_plan
+from calibration.validate_local_layouts import LocalLayout, predict, write_layout_plan
 from machine_models import load_machine
 from machine_models.frameworks import FRAMEWORKS_FILE, load_framework
 from planner.schema.errors import PlanError
