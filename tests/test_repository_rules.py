@@ -16,8 +16,11 @@
 - benchmarks/ (the hand-written torch loops `make bench-runtime` compares against) imports from
   exaplan only the model (runtime.model) and the model presets (planner.presets); nothing
   imports benchmarks/;
-- no import cycles between files (imports under `if TYPE_CHECKING:` aside; imports inside
-  functions count: a lazy import still ties the files together);
+- no import cycles between files. Every import counts: one inside a function (a lazy import
+  still ties the files together), one under `if TYPE_CHECKING:` (a type-only import too: neither
+  file reads or type-checks without the other), and `importlib.import_module` of a module of
+  ours (named by a string literal; where the argument is not a literal, every string in the
+  file that names a module of ours);
 - files of at most 500 lines, functions of at most 80 unless the docstring says why
   ("Why one function: ...").
 """
@@ -50,23 +53,25 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-
-
 def _import_nodes(tree: ast.AST):
-    """Every Import/ImportFrom, skipping the bodies of `if TYPE_CHECKING:`."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            stack.extend(node.orelse)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        stack.extend(ast.iter_child_nodes(node))
+    """Every Import/ImportFrom, wherever it stands: at the top, inside a function or a class,
+    under `if TYPE_CHECKING:`."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
+def _dynamic_imports(tree: ast.AST) -> set[str]:
+    """Modules of ours that `importlib.import_module(...)` (or `__import__`) may load: its
+    literal argument; for an argument computed at run time (a name looked up in a table), every
+    string constant of the file that names a module of ours."""
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+        or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))]
+    literal = [c.args[0].value for c in calls if c.args and isinstance(c.args[0], ast.Constant)
+               and isinstance(c.args[0].value, str)]
+    if len(literal) == len(calls):
+        return set(literal)
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return set(literal) | {s for s in strings if s in MODULES}
 
 
 def _imported(module: str, path: Path) -> set[str]:
@@ -88,7 +93,7 @@ def _imported(module: str, path: Path) -> set[str]:
         for a in node.names:
             full = f"{base}.{a.name}"
             names.add(full if full in MODULES else base)
-    return names
+    return names | _dynamic_imports(tree)
 
 
 IMPORTS = {m: _imported(m, p) for m, p in MODULES.items()}
@@ -118,6 +123,23 @@ def test_the_parser_sees_the_known_imports():
     assert any(_top(n) == "torch" for n in IMPORTS["runtime.trainer"])
     assert any(_top(n) == "calibration" for n in IMPORTS["cli.validate"])
     assert "report.plots" in IMPORTS["report.whatif"]
+    assert "planner.whatif" in IMPORTS["report.plots"]  # under `if TYPE_CHECKING:`
+    assert {"runtime.checkpoint.io", "runtime.checkpoint.state"} <= IMPORTS["runtime.checkpoint"]  # import_module
+
+
+def test_the_parser_sees_lazy_type_only_and_dynamic_imports():
+    """A guard on the checker: each way of tying two files together is an edge of the graph."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from planner.search.pins import Pins\n"
+        "def f():\n    from planner.schema.plan import Plan\n"
+        "def g():\n    import importlib\n    return importlib.import_module('runtime.checkpoint.io')\n"
+        "TABLE = {'x': 'runtime.mesh'}\n"
+        "def h(name):\n    return importlib.import_module(TABLE[name])\n")
+    tree = ast.parse(source)
+    found = {node.module for node in _import_nodes(tree) if isinstance(node, ast.ImportFrom)}
+    assert {"planner.search.pins", "planner.schema.plan"} <= found
+    assert _dynamic_imports(tree) == {"runtime.checkpoint.io", "runtime.mesh"}
 
 
 def test_planner_imports_neither_runtime_calibration_cli_nor_torch():
