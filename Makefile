@@ -54,40 +54,45 @@ EXAPLAN_FUZZ_DEEP ?= 300
 test-all: venv
 	EXAPLAN_FUZZ=deep EXAPLAN_FUZZ_DEEP=$(EXAPLAN_FUZZ_DEEP) $(BIN)/python -m pytest -q
 
-# Search speed, the what-if sweep's share, and the whole what-if command of issue 12 (target
-# 10 s on this 2-core machine, report included).
-WHATIF_BENCH := whatif --model protein-3.5b --machine aurora,alps,frontier,leonardo,pdx --nodes 16:2048 --tokens 1e12
+# Search speed, then the what-if sweep (in process: the planner's share) and the whole
+# `exaplan whatif ... --report` command (target 10 s on a 2-core machine, report included);
+# then bench-runtime and bench-jax. Each benchmark's results (the machine as detected, the
+# date, the command, the figures) go to docs/results/bench-*.json through benchmarks/record.py
+# (RECORD), the latest run of each, which the docs site's "Benchmark results" page renders.
+RECORD = $(BIN)/python -m benchmarks.record
 bench: venv
-	$(BIN)/python -m planner.bench
-	$(BIN)/python -m planner.bench --whatif
-	mkdir -p runs/bench-whatif
-	$(BIN)/python -c "import subprocess, time; t = time.perf_counter(); \
-	subprocess.run(['$(BIN)/exaplan', *'$(WHATIF_BENCH) --report runs/bench-whatif/r.html'.split()], check=True, \
-	stdout=subprocess.DEVNULL); print(f'exaplan $(WHATIF_BENCH) --report r.html: {time.perf_counter() - t:.1f} s (target 10 s)')"
+	$(RECORD) search --out docs/results/bench-search.json -- $(BIN)/python -m planner.bench --json
+	$(RECORD) whatif --out docs/results/bench-whatif.json -- $(BIN)/python -m planner.bench --whatif --json \
+		--report-dir runs/bench-whatif
 	$(MAKE) bench-runtime
 	$(MAKE) bench-jax
 
 # `exaplan run` against hand-written torch loops of the same layouts (ddp, fsdp, zero1, tp_sp,
 # pp_1f1b; benchmarks/): 3 interleaved rounds x 30 steps each, about 13 minutes on 2 cores; run
-# it on an otherwise idle machine. Results: runs/bench-runtime/results.{md,json}.
+# it on an otherwise idle machine. Results: runs/bench-runtime/results.{md,json}, recorded in
+# docs/results/bench-runtime.json.
 bench-runtime: venv
-	$(BIN)/python -m benchmarks.runtime_vs_torch --out runs/bench-runtime
+	$(RECORD) runtime --out docs/results/bench-runtime.json --figures runs/bench-runtime/results.json -- \
+		$(BIN)/python -m benchmarks.runtime_vs_torch --out runs/bench-runtime
 
 # `exaplan run --backend jax` beside `--backend torch` on the demo's job (benchmarks/jax_vs_torch.py):
 # the demo's plan (torch; JAX runs the same command's --backend jax plan, as it runs no pipeline) in
 # 3 interleaved rounds x 30 steps, then one round each of that JAX plan, fsdp and tp2 on both. About
-# 6 minutes on 2 cores; run it on an otherwise idle machine. Results: runs/bench-jax/results.{md,json}.
+# 6 minutes on 2 cores; run it on an otherwise idle machine. Results: runs/bench-jax/results.{md,json},
+# recorded in docs/results/bench-jax.json.
 bench-jax: venv
-	$(BIN)/python -m benchmarks.jax_vs_torch --out runs/bench-jax
+	$(RECORD) jax --out docs/results/bench-jax.json --figures runs/bench-jax/results.json -- \
+		$(BIN)/python -m benchmarks.jax_vs_torch --out runs/bench-jax
 
 # On a GPU machine (not part of `make bench`: it needs CUDA; a GPU build of torch, e.g.
 # `make TORCH=torch==X.Y bench-gpu`): the card's ceilings, its attention kernel, and `exaplan run`
 # against a plain-torch loop on plans/gpu/ (the demo's workload and protein-3.5b in bf16), MFU
 # measured against predicted; add GPU_CHECK_ARGS=--compile for compiled blocks. A few minutes.
-# Results: runs/bench-gpu/gpu_check.{md,json}; README "On a GPU".
+# Results: runs/bench-gpu/gpu_check.{md,json}, recorded in docs/results/bench-gpu.json.
 GPU_CHECK_ARGS ?=
 bench-gpu: venv
-	$(BIN)/python -m benchmarks.gpu_check --out runs/bench-gpu $(GPU_CHECK_ARGS)
+	$(RECORD) gpu --out docs/results/bench-gpu.json --figures runs/bench-gpu/gpu_check.json -- \
+		$(BIN)/python -m benchmarks.gpu_check --out runs/bench-gpu $(GPU_CHECK_ARGS)
 
 # On a GPU machine too, the JAX backend: the JAX twins of the H100 plans (README "The JAX backend
 # on a GPU"), measured against predicted. Needs JAX's CUDA plugin of the `jax` extra's version in
@@ -100,7 +105,8 @@ JAX_GPU_PLANS = $(subst $(space),$(comma),$(addprefix plans/gpu/,protein-3.5b_1x
 comma := ,
 space := $(subst ,, )
 bench-gpu-jax: venv
-	$(BIN)/python -m benchmarks.gpu_check --out runs/bench-gpu-jax --plans $(JAX_GPU_PLANS) --exaplan-only \
+	$(RECORD) gpu-jax --out docs/results/bench-gpu-jax.json --figures runs/bench-gpu-jax/gpu_check.json -- \
+		$(BIN)/python -m benchmarks.gpu_check --out runs/bench-gpu-jax --plans $(JAX_GPU_PLANS) --exaplan-only \
 		--skip-device --rounds 1 --steps 10 --warmup 3
 
 # On a GPU machine too: the step's kernels one by one (GEMMs, the fused attention backends,

@@ -5,19 +5,25 @@ For each case: the first search in a cold process state (link tiers not cached),
 algorithm choices), the rate, and the layout chosen. Times are wall-clock seconds of the
 whole `search()` call: enumerate, score, prune, rank, and re-score the finalists.
 
-`--whatif`: the what-if sweep of issue 12 (WHATIF: protein-3.5b on the five seed machines, 16-2,048
-nodes, 1e12 tokens; 40 searches): the wall-clock seconds of `run_whatif` in this process,
-the planner's share of `exaplan whatif ... --report r.html` (`make bench` also times the
-whole command, target 10 s on the 2-core machine).
+`--whatif`: the what-if sweep (WHATIF: protein-3.5b on the five seed machines, 16-2,048 nodes,
+1e12 tokens; 40 searches): the wall-clock seconds of `run_whatif` in this process, the
+planner's share, then of the whole command `exaplan whatif ... --report DIR/r.html` from its
+start to its exit (target WHATIF_TARGET_S on a 2-core machine, report included; --no-command
+leaves it out).
+
+`make bench` records both (benchmarks/record.py): docs/results/bench-search.json and
+docs/results/bench-whatif.json, rendered on the docs site's "Benchmark results" page.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from machine_models import load_machine
 from planner.cost.topology import _tiers_cached
@@ -95,36 +101,62 @@ def render(r: BenchResult) -> str:
 
 
 WHATIF = dict(model="protein-3.5b", machine="aurora,alps,frontier,leonardo,pdx", nodes="16:2048", tokens=1e12)
+WHATIF_TARGET_S = 10.0  # the whole command, report included, on a 2-core machine
 
 
-def run_whatif_case() -> dict:
+def whatif_command(report: Path) -> list[str]:
+    """`exaplan whatif` on WHATIF writing an HTML report: the console script beside this
+    interpreter where there is one, else `python -m cli`."""
+    exe = Path(sys.executable).with_name("exaplan")
+    head = [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
+    return [*head, "whatif", "--model", WHATIF["model"], "--machine", WHATIF["machine"], "--nodes", WHATIF["nodes"],
+            "--tokens", f"{WHATIF['tokens']:g}".replace("e+", "e"), "--report", str(report)]
+
+
+def run_whatif_case(report_dir: Path | None = None) -> dict:
     """Time the what-if sweep (every search of its 40 points, the questions, in worker
-    processes where the machine has several cores)."""
+    processes where the machine has several cores); then, with `report_dir`, the whole
+    `exaplan whatif ... --report` command in a fresh process."""
     from planner.whatif import run_whatif
 
     _tiers_cached.cache_clear()
     start = time.perf_counter()
     result = run_whatif(**WHATIF)
     seconds = time.perf_counter() - start
-    return dict(case=WHATIF, points=len(result.points), fitting=sum(p.fits for p in result.points), seconds=seconds)
+    out = dict(case=WHATIF, points=len(result.points), fitting=sum(p.fits for p in result.points), seconds=seconds)
+    if report_dir is not None:
+        Path(report_dir).mkdir(parents=True, exist_ok=True)
+        cmd = whatif_command(Path(report_dir) / "r.html")
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        out.update(command="exaplan " + " ".join(cmd[cmd.index("whatif"):]),
+                   command_seconds=time.perf_counter() - start, target_s=WHATIF_TARGET_S)
+    return out
 
 
 def render_whatif(r: dict) -> str:
     c = r["case"]
-    return (f"whatif {c['model']} on {c['machine']}, nodes {c['nodes']}, {c['tokens']:.0e} tokens: "
+    line = (f"whatif {c['model']} on {c['machine']}, nodes {c['nodes']}, {c['tokens']:.0e} tokens: "
             f"{r['points']} points ({r['fitting']} fit) in {r['seconds']:.2f} s")
+    if "command_seconds" in r:
+        line += f"\n{r['command']}: {r['command_seconds']:.1f} s (target {r['target_s']:g} s)"
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON")
-    ap.add_argument("--whatif", action="store_true", help="time the what-if sweep of issue 12 instead (WHATIF)")
+    ap.add_argument("--whatif", action="store_true", help="time the what-if sweep instead (WHATIF), then the whole "
+                    "exaplan whatif command")
+    ap.add_argument("--report-dir", default="runs/bench-whatif", metavar="DIR",
+                    help="where --whatif's command writes its report (default runs/bench-whatif)")
+    ap.add_argument("--no-command", action="store_true", help="--whatif: time the sweep in this process only")
     ap.add_argument("--repeats", type=int, default=3, help="warm searches per case (default 3)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
     if args.whatif:
-        whatif = run_whatif_case()
+        whatif = run_whatif_case(None if args.no_command else Path(args.report_dir))
         print(json.dumps(whatif, indent=2) if args.json else render_whatif(whatif))
         return 0
     results = [run_case(c, args.repeats) for c in CASES]

@@ -65,7 +65,9 @@ def test_make_bench_runs_bench_jax_after_bench_runtime():
     makefile = (ROOT / "Makefile").read_text()
     bench_recipe = makefile[makefile.index("\nbench:"):].split("\n\n")[0]
     assert bench_recipe.index("$(MAKE) bench-runtime") < bench_recipe.index("$(MAKE) bench-jax")
-    assert re.search(r"\nbench-jax:.*\n\t\$\(BIN\)/python -m benchmarks\.jax_vs_torch --out runs/bench-jax\n", makefile)
+    assert re.search(r"\nbench-jax:.*\n\t\$\(RECORD\) jax --out docs/results/bench-jax\.json --figures "
+                     r"runs/bench-jax/results\.json -- \\\n\t\t\$\(BIN\)/python -m benchmarks\.jax_vs_torch --out runs/bench-jax\n",
+                     makefile)
 
 
 def _write_run(run_dir: Path, times: list[float], t_first_end: float, measured: float | None = 0.5) -> None:
