@@ -16,6 +16,7 @@ for p in (str(HERE), str(ROOT)):
 import mkdocs_gen_files  # noqa: E402
 
 import cli_page  # noqa: E402
+import local_page  # noqa: E402
 import published_page  # noqa: E402
 import results_page  # noqa: E402
 
@@ -23,6 +24,7 @@ PAGES = {
     "reference/cli.md": cli_page.render,
     "reference/results.md": results_page.render,
     "validation/published-rows.md": published_page.render,
+    "validation/local-rows.md": local_page.render,
 }
 
 for page, render in PAGES.items():
