@@ -1,0 +1,153 @@
+"""The layout choices (data-parallel sharding, activation recompute, pipeline schedule) and the
+training framework that runs them, as the cost model sees it (FrameworkProfile).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from planner.schema.bounds import Fraction, Name, Spec, Text, Time
+from planner.schema.machine import MachineModel, Precision
+
+
+class Sharding(str, Enum):
+    """How data-parallel ranks hold parameters, gradients and optimizer state."""
+
+    none = "none"  # DDP: everything replicated, gradients allreduced
+    zero1 = "zero1"  # optimizer state sharded over dp
+    zero2 = "zero2"  # optimizer state and gradients sharded over dp
+    fsdp = "fsdp"  # everything sharded, parameters resharded after forward (FULL_SHARD)
+    fsdp_grad_op = "fsdp-grad-op"  # everything sharded, gathered parameters kept to backward
+    hsdp = "hsdp"  # fsdp inside a shard group of dp_shard ranks, replicated across groups
+
+
+class Recompute(str, Enum):
+    """Activation recompute levels (memory kept: none > selective > selective-op > full)."""
+
+    none = "none"  # keep every activation
+    selective = "selective"  # recompute the attention core only (Korthikanti et al. 2022)
+    full = "full"  # keep only each block's input; recompute the block in backward
+    selective_op = "selective-op"  # torchtitan's per-op policy: keep the attention core's and every other GEMM's output
+
+
+class Schedule(str, Enum):
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"
+    interleaved_1f1b = "interleaved-1f1b"
+
+
+class FrameworkProfile(Spec):
+    """The training software a job runs with, as the cost model sees it: what the framework
+    achieves (fitted per framework from its published runs) and what it offers. Profiles are
+    data (machine_models/frameworks.yaml); `exaplan plan --framework NAME` picks one."""
+
+    name: Name = Field("exaplan", description="exaplan (torch FSDP2/DDP/pipelining), megatron, deepspeed, ...")
+    description: Text = Field("", description="What the profile stands for and where its figures come from.")
+    overlap_dp: Fraction | None = Field(
+        None, description="Hidden fraction of the data-parallel traffic under compute (fitted); None: the machine's own figure "
+                          "(its device kind's, fitted for exaplan's runtime).")
+    step_overhead_s: Time | None = Field(None, description="Fixed cost of every optimizer step (fitted), s; None: the machine's own figure.")
+    overlap_tp: Fraction = Field(0.0, description="Hidden fraction of tensor-parallel traffic (Megatron's --tp-comm-overlap: 1).")
+    flash_attention: bool = Field(True, description="Uses fused attention where the device has it.")
+    sequence_parallel: bool = Field(True, description="Offers sequence parallelism with tensor parallelism.")
+    pp_sends_split_over_tp: bool = Field(
+        False, description="Pipeline sends split over the tensor-parallel ranks even without sequence parallelism "
+                           "(Megatron's scatter/gather of p2p messages).")
+    sp_collective_copies: bool = Field(True, description="Sequence parallelism shards dim 1 (batch first: torch DTensor's Shard(1)), "
+                                       "so each reduce-scatter, and each all-gather of 2+ sequences, also copies the activation.")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Precision of gradient reduction in bf16 training.")
+    fp16_grad_reduce_dtype: Literal["fp32", "fp16"] = Field("fp32", description="The same in fp16 training (Megatron: fp16).")
+    loss_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] = Field(
+        12.0, description="Memory the loss holds per logit (torch's eager cross-entropy 12; Megatron's vocab-parallel "
+                         "or a fused kernel 4): planner/cost/memory.py.")
+    head_bytes_per_element: dict[Literal["rmsnorm", "layernorm"], Annotated[float, Field(ge=0, le=100)]] = Field(
+        default_factory=lambda: {"rmsnorm": 24.0, "layernorm": 12.0}, description="By norm: memory the last stage holds as backward passes the final "
+        "norm, beyond the blocks' kept tensors, per residual-stream element (planner/cost/memory.py head_bytes); a norm not given: not counted.")
+    swiglu_kept_tensors: Literal[3, 4] = Field(4, description="ffn-wide tensors a SwiGLU block keeps for backward: 4 op by op (gate, up, "
+                                               "silu(gate), product; torch eager), 3 fused (gate and up, product: Megatron's bias_swiglu).")
+    grads_freed_between_steps: bool = Field(True, description="Gradients are freed after each step (torch's zero_grad(set_to_none=True)), "
+                                            "so one micro-batch's forward peaks without them; False: flat gradient buffers (Megatron, DeepSpeed).")
+    attention_kernel_speed: Annotated[float, Field(gt=0, le=4)] = Field(
+        1.0, description="Speed of the framework's fused attention kernel relative to FlashAttention-2, the kernel "
+                         "the device kinds' attention_efficiency_factor describes (flash-attn 1.x: 0.5, Dao 2023).")
+    recompute_early_stop: bool = Field(
+        True, description="Full recompute stops once backward has every tensor it needs, before each block's last "
+                           "GEMM (the MLP down projection): torch.utils.checkpoint non-reentrant since torch 2.1 "
+                           "(planner/cost/compute.py layer_times). False: the whole block's forward is recomputed "
+                           "(reentrant checkpointing: Megatron-LM, DeepSpeed; torch before 2.1).")
+    loss_traffic_bytes_per_logit: Annotated[float, Field(gt=0, le=1024)] | None = Field(
+        None, description="Bytes the loss moves per logit, forward and backward (planner/cost/compute.py head_time); "
+                          "None: 48, twelve fp32 passes (torch's eager or Megatron's vocab-parallel cross-entropy); "
+                          "a fused kernel over 16-bit logits (flash-attn's cross_entropy) 6.")
+    ddp_buckets_mb: list[Annotated[float, Field(gt=0, le=1e6)]] = Field(default_factory=lambda: [25.0, 100.0, 400.0], max_length=64,
+                                           description="DDP gradient bucket sizes the framework can use (MB).")
+    zero_bucket_params: Annotated[float, Field(gt=0, le=1e15)] = Field(25 * 2**20 / 4, description="ZeRO-1/2 gradient bucket, parameters (exaplan's "
+                                                                     "runtime: 25 MiB of fp32).")
+    zero_bucket_params_per_rank: float = Field(0.0, ge=0, le=1e15, description="ZeRO buckets grow to this many parameters per data-parallel rank (Megatron: 1M).")
+    eager_bytes_per_element: Annotated[float, Field(gt=0, le=100)] | None = Field(
+        10.2, description="Bytes a block's unfused (eager) elementwise ops move on a GPU per element of the fused "
+                          "count (planner/cost/compute.py eager_extra_time; exaplan's eager runtime ~10: fp32 norms "
+                          "and rotary embeddings op by op); None: the framework's kernels are fused (the count).")
+    launch_us_per_op: Annotated[float, Field(gt=0, le=1e4)] | None = Field(
+        20.4, description="Host time per operator on a GPU where the blocks run eager (dispatch, launch, Python), us: "
+                          "a micro-batch takes at least its operators x this (planner/cost/compute.py "
+                          "launch_floor_s); exaplan's runtime measured on an H100 host; None: no floor.")
+    step_launch_s: Annotated[float, Field(ge=0, le=10)] = Field(
+        0.004, description="Host time per optimizer step on a GPU where the blocks run eager (clipping, the optimizer's "
+                           "launches, the loss's synchronisation, records), s: the optimizer's time is at least this.")
+    compiled: bool = Field(False, description="The blocks run through torch.compile (`exaplan plan --compile` writes `compile: "
+                                              "true` into the plan): eager_bytes_per_element and the launch floor do not apply.")
+    compiled_step: bool = Field(False, description="The whole step is one XLA graph (the JAX backend): the residual stream stays in the "
+                                "compute dtype and recompute saves no 16-bit weight casts (jax's saved_residuals; planner/cost/memory.py).")
+    measured_kernels: bool = Field(True, description="Where the machine carries runtime_kernels (measured for exaplan's "
+                                   "runtime), attention and elementwise work are charged at those rates (planner/cost/compute.py).")
+    weight_bytes_per_param: Annotated[float, Field(ge=0, le=1e3)] = Field(
+        24.0, description="Bytes each parameter a rank holds moves per micro-batch beside the GEMMs, charged with measured_kernels: "
+                         "fp32 weights cast under autocast and fp32 gradient accumulation (exaplan's runtime: 24).")
+    shardings: list[Sharding] = Field(default_factory=lambda: list(Sharding), description="Data-parallel shardings the framework runs.")
+    recompute_levels: list[Recompute] = Field(default_factory=lambda: list(Recompute), min_length=1,
+                                              description="Recompute levels the framework offers (selective-op: torch's per-op policy).")
+    cpu_figures: dict[str, float] = Field(
+        default_factory=dict, description="Figures (planner/schema/figures.py names) this framework reaches on a CPU workstation, "
+                                          "fitted from its local runs (`exaplan validate --local --backend jax --refit`); they "
+                                          "replace a CPU machine's own (figures.framework_machine). Empty: the machine's.")
+    pipeline_parallel: bool = Field(True, description="Offers pipeline parallelism (pp > 1).")
+    context_parallel: bool = Field(True, description="Offers context parallelism (cp > 1).")
+    precisions: list[Precision] = Field(default_factory=lambda: list(Precision), max_length=len(Precision),
+                                        description="Compute precisions the framework trains in.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "FrameworkProfile":
+        for name, what in (("ddp_buckets_mb", "bucket size"), ("shardings", "sharding"), ("precisions", "precision")):
+            if not getattr(self, name):
+                raise ValueError(f"{name}: at least one {what}")
+        return self
+
+    def offers(self) -> str:
+        """What the profile runs, for messages: 'shardings none, zero1; no pipeline parallelism'."""
+        out = [f"shardings {', '.join(s.value for s in self.shardings)}"]
+        out += [f"no {what} parallelism" for what, has in (("sequence", self.sequence_parallel),
+                ("pipeline", self.pipeline_parallel), ("context", self.context_parallel)) if not has]
+        return "; ".join(out)
+
+    def grad_reduce_bytes(self, precision: "Precision | str") -> int:
+        """Bytes a gradient element the data-parallel reduction moves in `precision` training."""
+        dtype = {"fp32": "fp32", "fp16": self.fp16_grad_reduce_dtype}.get(Precision(precision).value, self.grad_reduce_dtype)
+        return 4 if dtype == "fp32" else 2
+
+    def applied_to(self, machine: "MachineModel") -> "MachineModel":
+        """The machine as this framework uses it: its fitted figures where it has them, its
+        tensor-parallel overlap, fused attention only where both offer it. Idempotent."""
+        overlap = machine.overlap.model_copy(update={"tp": self.overlap_tp, **(
+            {} if self.overlap_dp is None else {"dp": self.overlap_dp})})
+        update = {}
+        if overlap != machine.overlap:
+            update["overlap"] = overlap
+        if self.step_overhead_s is not None and self.step_overhead_s != machine.step_overhead_s:
+            update["step_overhead_s"] = self.step_overhead_s
+        if machine.flash_attention and not self.flash_attention:
+            update["flash_attention"] = False
+        return machine.model_copy(update=update) if update else machine
