@@ -43,7 +43,7 @@ test: venv docs
 # `make test` builds it first. `make docs-serve` serves it on localhost:8000 while you edit.
 MKDOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
 docs: venv
-	$(MKDOCS_ENV) $(BIN)/mkdocs build --strict --quiet
+	$(MKDOCS_ENV) $(BIN)/mkdocs build --strict
 
 docs-serve: venv
 	$(MKDOCS_ENV) $(BIN)/mkdocs serve

@@ -1,0 +1,11 @@
+// MathJax for pymdownx.arithmatex (generic mode): the equations of the model pages.
+window.MathJax = {
+  tex: { inlineMath: [["\\(", "\\)"]], displayMath: [["\\[", "\\]"]], processEscapes: true, processEnvironments: true },
+  options: { ignoreHtmlClass: ".*|", processHtmlClass: "arithmatex" },
+};
+document$.subscribe(() => {
+  MathJax.startup.output.clearCache();
+  MathJax.typesetClear();
+  MathJax.texReset();
+  MathJax.typesetPromise();
+});
