@@ -6,7 +6,6 @@ Read top to bottom: the numbered steps are the order in which a plan is applied.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.schema.errors import PlanError
+from runtime.build import build_model, join
+from runtime.pretrain import PretrainTask
 
 
 def lr_at(step: int, args) -> float:
@@ -69,7 +70,8 @@ def run_rank(args, stop=None) -> int:
 
 
 def train(args, stop=None) -> int:
-    """Apply the plan in its numbered steps; the helpers below do one step (or a few) each.
+    """Apply the plan in its numbered steps; the helpers below, runtime/build.py (the rank and
+    its model) and the task (runtime/pretrain.py, runtime/dpo.py) do one step (or a few) each.
     `stop` (runtime/walltime.StopSignal): a recorded SIGUSR1/SIGTERM stops the run after the
     step in progress, all ranks together, with a checkpoint (returns EXIT_REQUEUE)."""
     import torch.distributed as dist
@@ -78,7 +80,7 @@ def train(args, stop=None) -> int:
     from runtime.steplog import StepLog, StopAgreement
 
     # 1. The plan, and this rank's place in it.
-    plan, device, rank, owns_group = _join(args)
+    plan, device, rank, owns_group = join(args)
     out = Path(args.out)
 
     # 2. The mesh: pp, dp_replicate, dp_shard, cp, tp (+ flattened dp, dp_shard_cp, dp_cp).
@@ -101,7 +103,7 @@ def train(args, stop=None) -> int:
 
         task = DPOTask(args, plan, mesh, device, parts, handles, out, build_model)
     else:
-        task = _Pretrain(args, plan, mesh, device, parts, handles, out, rank)
+        task = PretrainTask(args, plan, mesh, device, parts, handles, out, rank)
     run = _Run(args, plan, mesh, device, rank, parts, handles, optimizers, task, out / "checkpoints", stop=stop)
 
     # 8. Resume: model, optimizer, data position, RNG (reshards to this layout).
@@ -133,33 +135,6 @@ def train(args, stop=None) -> int:
         dist.barrier()  # no rank tears its group down while another still uses it (gloo aborts:
         dist.destroy_process_group()  # seen without the final checkpoint's collectives)
     return 0
-
-
-def _join(args):
-    """Step 1: (the plan, this rank's device, its global rank, whether this process started
-    the process group and so ends it)."""
-    import torch
-    import torch.distributed as dist
-
-    from planner.schema.plan import load_plan
-    from runtime import launch
-
-    plan = load_plan(args.plan)
-    renv = launch.detect()
-    if renv is None:
-        raise PlanError("not started by a launcher: use `exaplan run PLAN` (it starts torchrun), srun, mpiexec or torchrun")
-    owns_group = not dist.is_initialized()  # tests start the process group themselves
-    device = launch.init_distributed(plan, renv)
-    rank = dist.get_rank()
-    if device.type == "cpu" and plan.job.precision.value != "fp32" and rank == 0:
-        print(f"warning: a {plan.job.precision.value} plan on a CPU: bf16/fp16 matmuls run about 200x slower here; "
-              "plan with --precision fp32 for CPU runs", file=sys.stderr)
-    if device.type == "cuda" and not plan.compile and rank == 0:  # protein-3.5b on one H100: 664 ms compiled, 914 eager
-        print("note: " + ("--compile on a plan predicted for eager blocks: expect a faster step than predicted (`exaplan plan "
-              "--compile` predicts compiled ones)" if args.compile else "eager blocks on a GPU, as predicted; --compile fuses "
-              "their norms, rotary embeddings and activations (20-30% faster on protein-3.5b)"), file=sys.stderr)
-    torch.manual_seed(args.seed + rank)
-    return plan, device, rank, owns_group
 
 
 @dataclass
@@ -322,154 +297,6 @@ def _final_summary(val) -> dict:
     if isinstance(val, dict):  # DPO: the validation pairs' metrics
         return {"val_loss": val["loss"], **{f"val_{k}": v for k, v in val.items() if k != "loss"}}
     return {"val_loss": val}
-
-
-class _Pretrain:
-    """Next-token pretraining: the loader over the prepared sequences, the forward and
-    backward of a step (through the pipeline schedule when pp > 1), the validation loss."""
-
-    def __init__(self, args, plan, mesh, device, parts, handles, out: Path, rank: int):
-        from runtime.dataprep.cache import ensure_prepared
-        from runtime.loader import Loader, TokenDataset
-        from runtime.model import loss_fn
-
-        self.args, self.plan, self.mesh, self.device, self.parts, self.handles = args, plan, mesh, device, parts, handles
-        # All cp ranks of a replica load the same micro-batches; shard_sequence takes this cp rank's tokens.
-        self.cp_rank, self.cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
-        prepared = ensure_prepared(args.data, out / "data", rank=rank)
-        self.val_set = TokenDataset(prepared, "validation")
-        mbs, self.gas, seq = plan.micro_batch_size, plan.grad_accumulation_steps, plan.job.seq_len
-        self.loader = Loader(TokenDataset(prepared, "train"), seq_len=seq, micro_batch=mbs,
-                             dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=args.seed,
-                             grad_accumulation=self.gas)
-        self.tokens_per_step = plan.job.global_batch * seq
-        self.runner = None
-        if plan.mesh.pp > 1:
-            from runtime.parallel.pipeline import build_schedule
-
-            # Stages pass seq / cp tokens; the loss stays on the last stage (reduce_metric_rows).
-            self.runner = build_schedule(parts, plan, mesh["pp"], device, self.gas, loss_fn,
-                                         (mbs, seq // self.cp_size), broadcast_loss=False)
-        self.fixed_batch = None  # io-mode synthetic: one batch, reused
-        self.seen: list[int] = []  # global sample numbers of this step on this rank
-        self._loss = 0.0  # this rank's loss of the last step
-
-    def state_dict(self) -> dict:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.loader.load_state_dict(state)
-
-    def _next_batch(self):
-        if self.args.io_mode == "synthetic":
-            if self.fixed_batch is None:
-                self.fixed_batch = self.loader.next_microbatch().to(self.device)
-            return self.fixed_batch
-        batch = self.loader.next_microbatch()
-        self.seen.extend(int(i) for i in self.loader.last_indices)
-        return batch.to(self.device)
-
-    def step(self) -> None:
-        import torch
-
-        from runtime.model import loss_fn
-        from runtime.parallel.context import shard_sequence
-
-        self.seen.clear()
-        if self.runner is not None:
-            batch = torch.cat([self._next_batch() for _ in range(self.gas)])
-            loss = self.runner.step(*shard_sequence(batch, self.cp_rank, self.cp_size))
-            self._loss = torch.as_tensor(0.0 if loss is None else loss, dtype=torch.float32).to(self.device)
-            return
-        self._loss = torch.zeros((), dtype=torch.float32, device=self.device)
-        for i in range(self.gas):
-            batch = self._next_batch()
-            with self.handles[0].no_sync() if i < self.gas - 1 else contextlib.nullcontext():
-                inputs, targets = shard_sequence(batch, self.cp_rank, self.cp_size)  # the whole when cp = 1
-                part = loss_fn(self.handles[0].forward(inputs), targets) / self.gas
-                part.backward()
-            self._loss += part.detach().float()  # kept on the device: read when the step is written
-
-    def metric_row(self):
-        """This rank's figures of the last step, unread: its loss (runtime/steplog.py)."""
-        return self._loss.reshape(1)
-
-    def reduce_metric_rows(self, rows) -> list[tuple[float, None]]:
-        """The global batch's loss of each kept step, one all-reduce over all ranks: the ranks
-        holding the last pipeline stage (all of them without a pipeline) contribute their
-        loss, the others 0; the mean over them is the mean over the data- and context-parallel
-        ranks (every cp rank holds the same number of tokens; tp ranks hold the same loss)."""
-        import torch
-        import torch.distributed as dist
-
-        rows = rows.to(self.device, torch.float32)
-        dist.all_reduce(rows)
-        holders = dist.get_world_size() // self.plan.mesh.pp
-        return [(v / holders, None) for v in rows[:, 0].tolist()]
-
-    def validate(self) -> float:
-        """Mean loss over `val_batches` global batches of validation samples (no gradients): the
-        same samples whatever the layout, split over the data-parallel ranks as in training."""
-        import torch
-
-        from runtime.loader import Loader
-        from runtime.model import loss_fn
-        from runtime.parallel.context import shard_sequence
-
-        plan, mesh = self.plan, self.mesh
-        loader = Loader(self.val_set, seq_len=plan.job.seq_len, micro_batch=plan.micro_batch_size,
-                        dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=1234,
-                        grad_accumulation=self.gas)
-        losses = []
-        with torch.no_grad():
-            for _ in range(self.args.val_batches * self.gas):
-                batch = loader.next_microbatch().to(self.device)
-                inputs, targets = shard_sequence(batch, self.cp_rank, self.cp_size)
-                if self.runner is not None:
-                    losses.append(self.runner.evaluate(inputs, targets) or 0.0)  # None off the last stage
-                else:
-                    losses.append(float(loss_fn(self.handles[0].forward(inputs), targets)))
-        return self.reduce_metric_rows(torch.tensor([[sum(losses) / len(losses)]]))[0][0]
-
-
-def build_model(plan, mesh, device, seed: int, compile_blocks: bool = False):
-    """Steps 3-6 of a plan: (this rank's model parts, their data-parallel handles)."""
-    import torch
-
-    from runtime.model import ProteinLM, init_weights
-    from runtime.parallel import apply_cp, apply_data_parallel, apply_recompute, apply_tp
-
-    spec = plan.model
-    # 3. The model on the meta device: no rank ever holds all of it.
-    with torch.device("meta"):
-        model = ProteinLM(spec)
-
-    # 4. Pipeline split: the chunks this pp rank runs (the whole model when pp = 1).
-    if plan.mesh.pp > 1:
-        from runtime.parallel.pipeline import split_model
-
-        parts = split_model(model, plan, mesh["pp"].get_local_rank())
-    else:
-        parts = [model]
-
-    # 5. On every part, in this order: tensor (+ sequence) parallelism, context parallelism,
-    #    activation recompute, compile, then data parallelism (FSDP2 / HSDP / DDP / ZeRO).
-    handles = []
-    for part in parts:
-        apply_tp(part, mesh["tp"], plan.sequence_parallel)
-        apply_cp(part, mesh["cp"])
-        apply_recompute(part, plan.recompute)
-        if plan.compile or compile_blocks:
-            for key, block in part.layers.items():
-                part.layers[key] = torch.compile(block)
-        handles.append(apply_data_parallel(part, mesh, plan))
-
-    # 6. Materialise and initialise: the same seed gives the same weights in any layout.
-    for part in parts:
-        part.to_empty(device=device)
-        init_weights(part, spec, seed)
-        part.setup_rope(device, plan.job.seq_len)
-    return parts, handles
 
 
 def _log_samples(writer, step: int, seen: list[int], mesh) -> None:

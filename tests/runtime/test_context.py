@@ -144,7 +144,7 @@ def _train(lay: dict) -> dict:
     from runtime.mesh import build_mesh
     from runtime.parallel import clip_grad_norm_
     from runtime.parallel.pipeline import build_schedule
-    from runtime.trainer import build_model
+    from runtime.build import build_model
 
     plan = make_plan(lay)
     spec = plan.model

@@ -19,7 +19,7 @@ def _probe(rank: int, world: int, lay: dict, precision: str) -> dict:
 
     from runtime.mesh import build_mesh
     from runtime.model import loss_fn
-    from runtime.trainer import build_model
+    from runtime.build import build_model
 
     plan = make_plan(lay)
     plan = plan.model_copy(update={"job": plan.job.model_copy(update={"precision": precision})})

@@ -59,7 +59,7 @@ def _train(rank: int, world_size: int, plan_json_list: list[str]) -> list[list[f
     from runtime.model import loss_fn
     from runtime.parallel import clip_grad_norm_
     from runtime.parallel.context import shard_sequence
-    from runtime.trainer import build_model
+    from runtime.build import build_model
 
     tokens = torch.randint(5, 31, (GLOBAL_BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0))
     results = []
