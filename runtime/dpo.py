@@ -20,12 +20,12 @@ framed as in pretraining, `<bos> residues <eos>`, padded with <pad> to seq_len +
 
 Layouts. Every layout kind of the pretraining runtime works: the loss is a function of the
 logits of one micro-batch and the reference log-probabilities of its pairs.
-  * context parallelism: `_SumOverCP` adds the cp ranks' partial log-probs (backward: the sum
+  * context parallelism: `SumOverCP` adds the cp ranks' partial log-probs (backward: the sum
     of the gradients, which the gradient reduction's mean over dp x cp turns back into the
     gradient of the loss);
   * pipelines: the schedule computes the loss on the last stage from (logits, target) of a
     micro-batch, so the target tensor carries one extra column, the reference
-    log-probability of each sequence as the bits of a float64 (`_encode`): it is split into
+    log-probability of each sequence as the bits of a float64 (`encode_reference`): it is split into
     micro-batches together with the targets. The reference model runs its own pipeline
     (forward only, PipelineRunner.evaluate) before the policy's step.
   * the reference model is built by the trainer's own build_model (same mesh, same sharding,
@@ -36,6 +36,10 @@ logits of one micro-batch and the reference log-probabilities of its pairs.
     OUT/reference_logps.npz under a hash of the pairs and of the reference weights' origin
     (the model and seed, or the checkpoint's metadata), reused on resume, and the reference
     model is dropped.
+
+The parts: the objective (dpo_objective.py: STAT_KEYS, the loss, SumOverCP, the reference
+column), the pairs (dpo_pairs.py: reading, tokenising, PairLoader); this module checks the
+command line and runs the task (DPOTask) the trainer's loop calls.
 """
 
 from __future__ import annotations
@@ -45,177 +49,27 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
 from planner.schema.errors import PlanError
-from planner.schema.vocab import PAD_ID
-from runtime.dataprep.fasta import encode
-from runtime.loader import StepCounter
+from runtime.dpo_objective import (DEFAULT_BETA, STAT_KEYS, SumOverCP, decode_reference, dpo_loss, encode_reference,
+                                   mean_stats, sequence_logps)
+from runtime.dpo_pairs import PairLoader, PairSet, encode_pairs, load_pair_sets, read_pairs
 from runtime.parallel.context import shard_sequence
 
-DEFAULT_BETA = 0.1
+# DPO's names in one place: the objective's (runtime/dpo_objective.py) and the pairs'
+# (runtime/dpo_pairs.py) with the task's.
+__all__ = ["DEFAULT_BETA", "REFERENCE_FILE", "STAT_KEYS", "DPOTask", "PairLoader", "PairSet", "SumOverCP", "check_args",
+           "decode_reference", "dpo_loss", "encode_pairs", "encode_reference", "load_pair_sets", "mean_stats",
+           "read_pairs", "resolve_checkpoint", "sequence_logps"]
+
 REFERENCE_FILE = "reference_logps.npz"
-# Sums over pairs, in this order (stats tensors); "pairs" is the count.
-STAT_KEYS = ("loss", "reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward", "chosen_logp",
-             "rejected_logp", "logp_accuracy", "pairs")
-
-
-# --------------------------------------------------------------------------------------------
-# The objective
-# --------------------------------------------------------------------------------------------
-
-
-def sequence_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum over the non-pad targets of log p(target): logits [b, s, V], targets [b, s] -> [b], fp32."""
-    nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1), ignore_index=PAD_ID, reduction="none")
-    return -nll.view(targets.shape).sum(dim=1)
-
-
-def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, beta: float = DEFAULT_BETA, label_smoothing: float = 0.0
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-pair DPO losses [n] and the sums over the pairs of STAT_KEYS (float64, detached)."""
-    chosen = policy_chosen - ref_chosen
-    rejected = policy_rejected - ref_rejected
-    z = beta * (chosen - rejected)
-    losses = -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
-    with torch.no_grad():
-        cr, rr = beta * chosen.double(), beta * rejected.double()
-        stats = torch.stack([losses.double().sum(), (cr > rr).double().sum(), (cr - rr).sum(), cr.sum(), rr.sum(),
-                             policy_chosen.double().sum(), policy_rejected.double().sum(),
-                             (policy_chosen > policy_rejected).double().sum(),
-                             torch.tensor(float(losses.numel()), dtype=torch.float64, device=losses.device)])
-    return losses, stats
-
-
-def mean_stats(sums: torch.Tensor) -> dict[str, float]:
-    """STAT_KEYS sums -> means over the pairs (and the pair count)."""
-    n = float(sums[-1])
-    out = {k: (float(v) / n if n else float("nan")) for k, v in zip(STAT_KEYS[:-1], sums[:-1])}
-    out["pairs"] = int(n)
-    return out
-
-
-class _SumOverCP(torch.autograd.Function):
-    """All-reduce (sum) over the cp group; backward: all-reduce (sum) of the gradient."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
-        ctx.group = group
-        y = x.clone()
-        dist.all_reduce(y, group=group)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-def _encode(targets: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """targets [rows, s] int64 plus one column: ref [rows] as the bits of float64 values."""
-    return torch.cat([targets, ref.detach().double().view(torch.int64)[:, None]], dim=1)
-
-
-def _decode(target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return target[:, :-1], target[:, -1].contiguous().view(torch.float64).float()
-
-
-# --------------------------------------------------------------------------------------------
-# Pairs
-# --------------------------------------------------------------------------------------------
-
-
-def read_pairs(dir: str | os.PathLike, split: str) -> list[tuple[str, str]]:
-    """(chosen, rejected) residue strings of one split of an `exaplan data pairs` directory."""
-    from runtime.dataprep.pairs import read_pairs as read_split
-
-    return [(p.chosen, p.rejected) for p in read_split(dir, split)]
-
-
-@dataclass
-class PairSet:
-    """One split's pairs as tokens: uint8 [n, 2 (chosen, rejected), seq_len + 1], <pad>-filled."""
-
-    tokens: np.ndarray
-    seq_len: int
-    fingerprint: str
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def batch(self, idx) -> torch.Tensor:
-        """LongTensor [2 len(idx), seq_len + 1]: the chosen sequences of the pairs, then their rejected."""
-        rows = self.tokens[np.asarray(idx)]
-        return torch.from_numpy(np.concatenate([rows[:, 0], rows[:, 1]]).astype(np.int64))
-
-
-def encode_pairs(pairs: list[tuple[str, str]], seq_len: int, where: str = "pairs") -> PairSet:
-    """Tokenise pairs for a plan of sequence length `seq_len`; PlanError (naming the pair) for a
-    sequence longer than seq_len - 1 residues or outside the alphabet."""
-    out = np.full((len(pairs), 2, seq_len + 1), PAD_ID, dtype=np.uint8)
-    for i, pair in enumerate(pairs):
-        for j, seq in enumerate(pair):
-            try:
-                toks = encode(seq)
-            except PlanError as e:
-                raise PlanError(f"{where}, pair {i + 1}: {e}", field="--pairs") from None
-            if len(toks) > seq_len + 1:
-                which = ("chosen", "rejected")[j]
-                raise PlanError(f"{where}, pair {i + 1}: the {which} sequence has {len(toks) - 2} residues; the plan's "
-                                f"seq_len {seq_len} holds at most {seq_len - 1} (<bos> residues <eos>)", field="--pairs")
-            out[i, j, :len(toks)] = toks
-    digest = hashlib.sha256(out.tobytes() + str(seq_len).encode()).hexdigest()[:16]
-    return PairSet(out, seq_len, digest)
-
-
-def load_pair_sets(dir: str | os.PathLike, seq_len: int) -> tuple[PairSet, PairSet]:
-    """(train, validation) of a pairs directory, tokenised; PlanError for bad input."""
-    train = encode_pairs(read_pairs(dir, "train"), seq_len, f"{dir}/train")
-    if len(train) == 0:
-        raise PlanError(f"{dir}: the train split holds no pairs", field="--pairs")
-    return train, encode_pairs(read_pairs(dir, "validation"), seq_len, f"{dir}/validation")
-
-
-class PairLoader(StepCounter):
-    """This data-parallel rank's micro-batches of pairs, resumable like runtime.loader.Loader
-    (the same global-sample bookkeeping: one global stream of pairs, each epoch its own
-    deterministic shuffle, rank r takes the r-th slice of every global batch).
-
-    next_microbatch() -> (LongTensor [2 mbs, seq_len + 1], pair indices [mbs])."""
-
-    def __init__(self, pairs: PairSet, micro_batch: int, dp_rank: int, dp_size: int, seed: int,
-                 grad_accumulation: int = 1):
-        self._init_layout(pairs.seq_len, micro_batch, dp_rank, dp_size, grad_accumulation, seed)
-        self.pairs = pairs
-        self._orders: dict[int, np.ndarray] = {}
-
-    def _stream_key(self) -> dict[str, Any]:
-        return {"seed": self.seed, "mode": "pairs", "seq_len": self.seq_len, "dataset": self.pairs.fingerprint}
-
-    def pair_indices(self, samples: np.ndarray) -> np.ndarray:
-        n = len(self.pairs)
-        out = np.empty(len(samples), dtype=np.int64)
-        for k, g in enumerate(samples):
-            e, j = divmod(int(g), n)
-            if e not in self._orders:
-                rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, e, 17])))
-                self._orders = {e: rng.permutation(n)}  # one epoch at a time (a step spans at most two)
-            out[k] = self._orders[e][j]
-        return out
-
-    def next_microbatch(self) -> tuple[torch.Tensor, np.ndarray]:
-        idx = self.pair_indices(self._next_indices())
-        return self.pairs.batch(idx), idx
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,16 +202,16 @@ class DPOTask:
     # ------------------------------------------------------------------------- forward
 
     def _stage_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The pipeline's loss: target with the reference column (_encode): the DPO loss of
+        """The pipeline's loss: target with the reference column (encode_reference): the DPO loss of
         the micro-batch; plain targets (PipelineRunner.evaluate): capture the log-probs."""
         if target.shape[1] == logits.shape[1]:
             self._captured = self._cp_sum(sequence_logps(logits, target))
             return self._captured.sum()
-        targets, ref = _decode(target)
+        targets, ref = decode_reference(target)
         return self._loss(self._cp_sum(sequence_logps(logits, targets)), ref)
 
     def _cp_sum(self, logps: torch.Tensor) -> torch.Tensor:
-        return logps if self.cp_group is None else _SumOverCP.apply(logps, self.cp_group)
+        return logps if self.cp_group is None else SumOverCP.apply(logps, self.cp_group)
 
     def _loss(self, logps: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         """Mean DPO loss of a micro-batch (chosen rows first); its statistics are added up."""
@@ -403,7 +257,7 @@ class DPOTask:
             inputs, targets = shard_sequence(torch.cat([b for b, _ in batches]).to(self.device), self.cp_rank, self.cp)
             kwargs = {}
             if self.runner.has_last:
-                kwargs = {"target": _encode(targets, torch.cat([r for _, r in batches])), "losses": []}
+                kwargs = {"target": encode_reference(targets, torch.cat([r for _, r in batches])), "losses": []}
             self.runner.schedule.step(*((inputs,) if self.runner.has_first else ()), return_outputs=False, **kwargs)
         else:
             for i, (batch, ref) in enumerate(batches):

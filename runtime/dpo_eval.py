@@ -53,7 +53,7 @@ def load_model(run: str | Path, plan_path: str | Path | None = None):
 @torch.no_grad()
 def log_likelihoods(model, sequences: list[str], batch_size: int = 512) -> np.ndarray:
     """Sum of log p over the residues and <eos> of each `<bos> residues <eos>` sequence."""
-    from runtime.dpo import sequence_logps
+    from runtime.dpo_objective import sequence_logps
 
     limit = model.spec.seq_len + 1
     out = np.empty(len(sequences), dtype=np.float64)
@@ -72,7 +72,7 @@ def log_likelihoods(model, sequences: list[str], batch_size: int = 512) -> np.nd
 
 def pair_accuracy(model, pairs_dir: str | Path, split: str = "validation") -> tuple[float, int]:
     """(fraction of pairs whose chosen sequence is the more likely one, number of pairs)."""
-    from runtime.dpo import read_pairs
+    from runtime.dpo_pairs import read_pairs
 
     pairs = read_pairs(pairs_dir, split)
     if not pairs:
