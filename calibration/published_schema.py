@@ -1,5 +1,5 @@
 """Published training runs as data: the record (PublishedRun) and its conventions. The rows are in
-calibration/published.py (sections A-D, the calibration set) and calibration/published_extra.py.
+calibration/data/published/*.yaml, one file per published source (read by calibration/published.py).
 
 Each record is one published figure with its public source (`source`): the model,
 the machine preset, the layout the authors ran, the figure they measured and its kind, and
@@ -119,7 +119,7 @@ class PublishedRun(Spec):
     """One published figure and everything needed to predict it."""
 
     id: str = Field(description="Short unique id, section letter first.")
-    section: str = Field(pattern=r"^[A-Z]$", description="A: Megatron-LM README (DGX H100); B: Korthikanti et al. 2022 (DGX A100); C: MosaicML llm-foundry (H100); D: IBM fms-fsdp (A100); later letters: calibration/published_extra.py, published_seed_hw.py, published_own.py, published_nemo.py.")
+    section: str = Field(pattern=r"^[A-Z]$", description="A: Megatron-LM README (DGX H100); B: Korthikanti et al. 2022 (DGX A100); C: MosaicML llm-foundry (H100); D: IBM fms-fsdp (A100); the others: calibration/published.py.")
     source: str = Field(description="Where the figure was published.")
     model: ModelSpec
     machine: str = Field(description="Machine preset (machine_models/<name>.yaml).")
@@ -233,31 +233,9 @@ class PublishedRun(Spec):
         return UNITS[self.kind]
 
 
-# --------------------------------------------------------------------------------------------
-# The runs
-# --------------------------------------------------------------------------------------------
-
-
-def gpt_model(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> ModelSpec:
-    """Megatron GPT: 4h GELU MLP, LayerNorm, MHA, learned positions, tied embeddings."""
-    return ModelSpec(
-        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn_hidden=4 * hidden,
-        vocab_size=vocab, seq_len=seq, activation="gelu", norm="layernorm", position="learned", tied_embeddings=True,
-    )
-
-
-def mpt_model(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
-    """MPT: 4d GELU MLP, LayerNorm, ALiBi (no position parameters: 'rope' is the closest
-    parameter-free choice), tied embeddings, vocab 50368, seq 2048."""
-    return ModelSpec(
-        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn_hidden=4 * hidden,
-        vocab_size=50368, seq_len=2048, activation="gelu", norm="layernorm", position="rope", tied_embeddings=True,
-    )
-
-
-def llama_model(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int) -> ModelSpec:
-    """Llama-2 style: SwiGLU, RMSNorm, RoPE, untied, vocab 32000, seq 4096."""
-    return ModelSpec(
-        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
-        vocab_size=32000, seq_len=4096, activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False,
-    )
+def llama31_model(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
+    """Llama 3.1 as torchtitan and NeMo build it: SwiGLU, RMSNorm, RoPE, 8 KV heads, untied,
+    vocab 128256, seq 8192 (the shape of the F and N rows' models)."""
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=8, ffn_hidden=ffn,
+                     vocab_size=128256, seq_len=8192, activation="swiglu", norm="rmsnorm", position="rope",
+                     tied_embeddings=False)

@@ -1,20 +1,16 @@
-"""The extra published rows (calibration/published_extra.py): each record consistent in itself.
-
-The records are checked as plain dicts, so that these tests hold before the rows are merged
-into calibration.published; validating them as PublishedRun needs the section letters and
-the "deepspeed" framework that the merge adds (xfail until then)."""
+"""The published rows of sections F (torchtitan), G (BLOOM-176B) and H (llm-foundry on A100),
+calibration/data/published/: each record consistent in itself."""
 
 from __future__ import annotations
 
 import pytest
 
 from calibration import published
-from calibration.published import UNITS, PublishedLayout, PublishedRun
-from calibration.published_extra import extra_run_records
+from calibration.published import UNITS, PublishedLayout, PublishedRun, section_runs
 from machine_models import list_machines
 from planner.cost.flops import total_params
 
-RECORDS = extra_run_records()
+RECORDS = [r.model_dump() | {"layout": r.layout, "model": r.model} for s in "FGH" for r in section_runs(s)]
 IDS = [r["id"] for r in RECORDS]
 FRAMEWORKS = {"megatron", "fsdp", "deepspeed"}
 
@@ -75,7 +71,8 @@ def test_model_shape_matches_the_published_parameter_count(rec):
 
 
 def test_records_validate_as_published_runs():
-    runs = [PublishedRun.model_validate(r) for r in RECORDS]
+    runs = [PublishedRun.model_validate(r | {"layout": r["layout"].model_dump(), "model": r["model"].model_dump()})
+            for r in RECORDS]
     assert [r.id for r in runs] == IDS
 
 
@@ -87,7 +84,7 @@ def test_torchtitans_eager_row_is_charged_the_runtimes_eager_traffic():
     from calibration.validate_published import predict
     from machine_models import load_machine
 
-    runs = {r.id: r for r in (PublishedRun.model_validate(rec) for rec in RECORDS)}
+    runs = {r.id: r for s in "FGH" for r in section_runs(s)}
     eager = runs["F-llama3.1-8b-fsdp128"]
     assert eager.torch_blocks == "eager" and "torch_blocks" in eager.assumed
     assert {runs[i].torch_blocks for i in ("F-llama3.1-8b-fsdp8-tp8", "F-llama3.1-70b-fsdp32-tp8")} == {"compiled"}
@@ -95,7 +92,7 @@ def test_torchtitans_eager_row_is_charged_the_runtimes_eager_traffic():
     _, ev_eager = predict(eager, machine)
     _, ev_own = predict(eager.model_copy(update={"torch_blocks": None}), machine)
     assert float(ev_eager.compute_s[0]) > 1.1 * float(ev_own.compute_s[0])
-    not_torch = next(rec for rec in RECORDS if rec["framework"] == "deepspeed") | {"torch_blocks": "eager"}
+    not_torch = next(r for r in runs.values() if r.framework == "deepspeed").model_dump() | {"torch_blocks": "eager"}
     with pytest.raises(ValueError, match="torch_blocks"):
         PublishedRun.model_validate(not_torch)
 
@@ -111,7 +108,7 @@ def test_torchtitans_selective_op_rows_and_the_eager_rows_printed_peak():
     from machine_models import load_machine
     from planner.schema.plan import Recompute
 
-    runs = {r.id: r for r in (PublishedRun.model_validate(rec) for rec in RECORDS)}
+    runs = {r.id: r for s in "FGH" for r in section_runs(s)}
     rows = [runs["F-llama3.1-8b-fsdp128"], runs["F-llama3.1-8b-fsdp8-tp8"]]
     assert {r.layout.recompute for r in rows} == {Recompute.selective_op}
     evs = [predict(r, load_machine(r.machine))[1] for r in rows]

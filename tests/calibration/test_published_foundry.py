@@ -1,4 +1,4 @@
-"""Section L (calibration/published_foundry.py): llm-foundry's whole benchmark tables, held out."""
+"""Section L (calibration/published_foundry.py, calibration/data/published/llm-foundry-tables.yaml): llm-foundry's whole benchmark tables, held out."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from calibration.validate_published import _row, foundry_groups, published_json,
 from calibration import fit_files, fit_published as cal
 from machine_models import list_machines
 from planner.cost.flops import total_params
+from planner.schema.specs import ModelSpec
 
 ROWS = read_table()
 RUNS = foundry_runs()
@@ -63,8 +64,9 @@ def test_model_shapes_match_the_published_parameter_counts():
     """NumParams less MPT's learned position embeddings (seq x d), which no FLOP depends on."""
     for row in ROWS:
         layers, d, _ = MPT_SHAPES[row["model"]]
-        model = published.mpt_model("m", layers, d, MPT_SHAPES[row["model"]][2]).model_copy(
-            update={"seq_len": int(row["seq"])})
+        model = ModelSpec(name="m", layers=layers, hidden=d, heads=MPT_SHAPES[row["model"]][2],
+                          kv_heads=MPT_SHAPES[row["model"]][2], ffn_hidden=4 * d, vocab_size=50368,
+                          seq_len=int(row["seq"]), activation="gelu", norm="layernorm", tied_embeddings=True)
         printed = int(row["num_params"]) - int(row["seq"]) * d
         assert total_params(model) == pytest.approx(printed, rel=2e-3), row
 

@@ -1,4 +1,4 @@
-"""Section N (calibration/published_nemo.py): NVIDIA's DGX Cloud benchmarking recipes for Llama
+"""Section N (calibration/data/published/dgxc-benchmarking-nemo.yaml): NVIDIA's DGX Cloud benchmarking recipes for Llama
 3.1 on DGX H100 with NeMo (Megatron-Core), held out. Each record matches what its table prints,
 context parallelism reaches the cost model, and the held-out predictions keep the weak scaling
 the tables show."""
@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import pytest
 
-from calibration.published import PublishedLayout, PublishedRun, held_out_runs, published_runs
-from calibration.published_nemo import STEPS_8B, STEPS_70B, STEPS_405B, nemo_run_records, nemo_runs
+from calibration.published import PublishedLayout, PublishedRun, held_out_runs, published_runs, section_runs
 from calibration.validate_published import predict, shipped_machine, validate_held_out
 from machine_models import load_machine
 from planner.schema.plan import Sharding
 
-RUNS = nemo_runs()
+RUNS = section_runs("N")
+# (GPUs, step time s) per series, as the BF16 tables print them.
+STEPS_8B = ((8, 12.91), (16, 13.00), (32, 13.05), (64, 13.08), (128, 13.10))
+STEPS_70B = ((64, 14.72), (128, 14.73), (256, 14.80), (512, 14.89), (1024, 14.92), (2048, 14.98))
+STEPS_405B = ((576, 17.20), (1152, 17.52), (2304, 17.62))
 IDS = [r.id for r in RUNS]
 # Accumulation steps the tables print for each series (GA).
 PRINTED_GA = {"llama3.1-8b": 32, "llama3.1-70b": 64, "llama3.1-405b": 63}
 
 
 def test_rows_validate_with_unique_ids_and_every_printed_step_time():
-    assert len(RUNS) == len(nemo_run_records()) == len(STEPS_8B) + len(STEPS_70B) + len(STEPS_405B)
+    assert len(RUNS) == len(STEPS_8B) + len(STEPS_70B) + len(STEPS_405B)
     assert len(set(IDS)) == len(IDS)
     printed = {(r.model.name, r.gpus): r.figure for r in RUNS}
     for name, steps in (("llama3.1-8b", STEPS_8B), ("llama3.1-70b", STEPS_70B), ("llama3.1-405b", STEPS_405B)):
@@ -58,7 +61,7 @@ def test_context_parallelism_reaches_the_cost_model():
 
 
 def test_layout_rejects_a_world_without_its_context_ranks():
-    record = dict(nemo_run_records()[0])
+    record = RUNS[0].model_dump()
     record["gpus"] = record["gpus"] // 2  # tp x pp x dp without cp
     with pytest.raises(ValueError, match="cp"):
         PublishedRun.model_validate(record)

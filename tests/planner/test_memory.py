@@ -255,7 +255,7 @@ def test_selective_op_keeps_the_attention_output_and_every_other_gemm():
     eager block keeps without recompute). Between full recompute and none; under tp 2 with
     sequence parallelism the column-parallel outputs split, the down projection's output
     (before its reduce-scatter) does not, and both reduce-scatters' outputs are kept."""
-    from calibration.published_extra import llama31_model
+    from calibration.published_schema import llama31_model
 
     m, mach = llama31_model("llama3.1-8b", 32, 4096, 32, 14336), load_machine("dgx-h100")
     j = job(gb=2, seq=8192)
