@@ -94,8 +94,8 @@ bench-gpu: venv
 	$(RECORD) gpu --out docs/results/bench-gpu.json --figures runs/bench-gpu/gpu_check.json -- \
 		$(BIN)/python -m benchmarks.gpu_check --out runs/bench-gpu $(GPU_CHECK_ARGS)
 
-# On a GPU machine too, the JAX backend: the JAX twins of the H100 plans (README "The JAX backend
-# on a GPU"), measured against predicted. Needs JAX's CUDA plugin of the `jax` extra's version in
+# On a GPU machine too, the JAX backend: the JAX twins of the H100 plans (docs/validation/gpu.md,
+# "The JAX backend on a GPU"), measured against predicted. Needs JAX's CUDA plugin of the `jax` extra's version in
 # .venv (e.g. `.venv/bin/pip install "jax[cuda13]==0.10.2"`). About 15 minutes, mostly XLA compiling.
 JAX_GPU_PLANS = $(subst $(space),$(comma),$(addprefix plans/gpu/,protein-3.5b_1xh100_jax.yaml \
 	protein-3.5b_1xh100_jax_mbs8.yaml protein-1.2b-h2048_1xh100_s4096_jax.yaml \
@@ -111,7 +111,8 @@ bench-gpu-jax: venv
 
 # On a GPU machine too: the step's kernels one by one (GEMMs, the fused attention backends,
 # compiled elementwise work, the loss, exaplan's block by kernel kind), about a minute, then the
-# cost model's terms against them (README "Kernels against the cost model's terms").
+# cost model's terms against them (docs/validation/gpu.md, "Kernels against the
+# cost model's terms").
 bench-gpu-kernels: venv
 	$(BIN)/python -m benchmarks.gpu_kernels --out runs/bench-gpu-kernels
 	$(BIN)/exaplan validate --kernels runs/bench-gpu-kernels/gpu_kernels.json

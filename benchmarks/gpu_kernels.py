@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a file: the repository root on the path
 from benchmarks.gpu_check import median_event_ms as median_ms  # noqa: E402
 
 SQUARES = (256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
-# Section A's models (calibration/published.py): hidden size, tensor parallelism.
+# Section A's models (calibration/data/published/megatron-lm-readme.yaml): hidden size, tensor parallelism.
 SECTION_A = ((2048, 1), (4096, 2), (6144, 4), (7168, 8), (8192, 8), (10240, 8), (12288, 8), (16384, 8),
              (18432, 8))
 TOKENS = 4096

@@ -1,6 +1,6 @@
 """Published rows whose figure the fitted cost model cannot reach under their record.
 
-A row's record (calibration/published.py) fixes its layout, unstated fields included, and so
+A row's record (calibration/data/published/) fixes its layout, unstated fields included, and so
 the communication, bubble and optimizer time the cost model charges it. Take that time from
 the published step: what is left is the time the record leaves for the compute. Over it, the
 step's hardware FLOPs run at some fraction of the device's peak. Where that fraction is above

@@ -133,8 +133,8 @@ EXAMPLES = {
     "gpu/protein-3.5b_1xh100_s2048_op.yaml": "--model protein-3.5b --machine dgx-h100 --set machine.devices_per_node=1 "
                                              "--global-batch 16 --seq-len 2048 --recompute selective-op --mbs 4 --draws 0",
 }
-# The JAX backend on one H100: the same jobs with `--backend jax` (README "The JAX backend on a
-# GPU"). Measured first (2026-11-27): protein-3.5b at its own pick (micro-batch 16) and at the
+# The JAX backend on one H100: the same jobs with `--backend jax` (docs/validation/gpu.md, "The JAX
+# backend on a GPU"). Measured first (2026-11-27): protein-3.5b at its own pick (micro-batch 16) and at the
 # torch plan's 8, and the hidden-2,048 block at 4,096 tokens; then, predicted before they ran,
 # the same block at 8,192 tokens and the narrow one; protein-3.5b at 2,048 tokens under full
 # recompute, the third, failed to trace (the rotary tables, since fixed) and is not measured.

@@ -11,7 +11,7 @@ from cli.common import add_json_option, console, print_json
 
 def add_parser(sub) -> None:
     v = sub.add_parser("validate", help="compare predictions with published training runs, local runs or GPU kernels",
-                       description="--published: predict every published run (calibration/published.py) and print "
+                       description="--published: predict every published run (calibration/data/published/) and print "
                                    "predicted vs published with the error, its median and max, how often the held-out "
                                    "rows fall inside the interval a plan would show, and optionally leave-one-out errors "
                                    "with the rows that pin a fitted figure, and the records out of the fitted model's reach (the published "

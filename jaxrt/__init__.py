@@ -1,4 +1,4 @@
-"""The JAX backend: `exaplan run PLAN --backend jax` (README "Backends").
+"""The JAX backend: `exaplan run PLAN --backend jax` (docs/guide/backends.md).
 
 launch.py (JAX set-up, processes) -> trainer.py (the loop) -> step.py (state, optax, the jit
 steps) over model.py (flax.linen) and sharding.py (the mesh, the logical-axis rule tables);

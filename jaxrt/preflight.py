@@ -18,7 +18,7 @@ ATTENTION_CHOICES = ("xla", "cudnn")
 def require_jax() -> None:
     missing = [m for m in ("jax", "flax", "optax", "orbax.checkpoint") if missing_module(m)]
     if missing:
-        raise PlanError(f"the JAX backend needs {', '.join(missing)}: pip install -e '.[jax]' (README 'Backends')",
+        raise PlanError(f"the JAX backend needs {', '.join(missing)}: pip install -e '.[jax]' (docs/guide/backends.md)",
                         field="backend")
 
 

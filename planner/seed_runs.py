@@ -20,7 +20,7 @@ its own forward at `profile_step` (1 in the scripts' ds_configs/3p5B.json) of it
 global_steps, which only step() advances: the policy's engine steps, the reference's (built
 by a second deepspeed.initialize, never stepped) never reaches step 1, so its forward is never
 profiled. Counting it too (`rate_with_reference`) would raise every prediction by a third of
-the policy's own count. The README sets both counts, and the pretraining step of the earlier
+the policy's own count. docs/validation/seed-paper.md sets both counts, and the pretraining step of the earlier
 convention, beside the published rates."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The repository's rules (README, "Repository"), checked by parsing every module with `ast`:
+"""The repository's rules (docs/architecture.md), checked by parsing every module with `ast`:
 
 - planner/ imports neither runtime/, calibration/, cli/ nor torch;
 - runtime/ imports from planner/ only the schema (planner.schema.*), and runtime/dataprep/

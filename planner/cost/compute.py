@@ -181,8 +181,8 @@ def token_elements(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarr
 # was fitted or measured on (launches, tails, reductions, caches). From exaplan's own compiled
 # norm + residual and SwiGLU kernels, the same shapes timed on an H100 (3.35 TB/s) and an H200
 # (4.8 TB/s): medians 2.72 and 3.33 TB/s reached (docs/gpu/2026-11-26-h{1,2}00-kernels.json),
-# 1 - 2.72/3.33 = s (1 - 3.35/4.8), s = 0.61. Checked where nothing was fitted (README,
-# Calibration): llm-foundry's 41 A100 80GB/40GB pairs (2,039 against 1,555 GB/s) ran 1.03-1.06x
+# 1 - 2.72/3.33 = s (1 - 3.35/4.8), s = 0.61. Checked where nothing was fitted (docs/validation/
+# published.md): llm-foundry's 41 A100 80GB/40GB pairs (2,039 against 1,555 GB/s) ran 1.03-1.06x
 # apart where all of it scaling said 1.06-1.12x, and torchtitan's H100s at 2.4 TB/s.
 ELEMENTWISE_BANDWIDTH_SHARE = 0.6
 

@@ -13,7 +13,7 @@ Checked against published figures (tests/planner/test_memory_published.py): for 
 the count is Korthikanti's Table 2 (no parallelism, tensor, sequence parallel, selective and
 full recompute) less its three 1-byte dropout masks, and the busiest pipeline rank holds
 Korthikanti's L layers (1F1B) or L (1 + (p-1)/(p v)) (interleaved); every published run of
-calibration/published.py is predicted to fit in 80 GB, and so is every row of llm-foundry's
+calibration/data/published/ is predicted to fit in 80 GB, and so is every row of llm-foundry's
 H100 and A100-80GB benchmark tables once the loss is its fused kernel (LOSS_BYTES_PER_LOGIT).
 """
 

@@ -1,6 +1,9 @@
 """The schema: what the planner, the runtime and any other backend agree on.
 
-- `specs`: the three inputs (ModelSpec, MachineModel, TrainingJob) and their enums;
+- `specs`: the three inputs and the framework profile, gathered from one file each: `model_spec`
+  (ModelSpec), `machine` (MachineModel, Precision), `job` (TrainingJob), `framework`
+  (FrameworkProfile and the layout enums), with `bounds` (the physical bounds, `Spec`) and
+  `integers` (divisors);
 - `plan`: the plan file (Plan), its enums (Sharding, Recompute, Schedule), reading and writing;
 - `vocab`: the protein vocabulary;
 - `errors`: PlanError, the one error the command line turns into a message and exit code 2;

@@ -126,7 +126,7 @@ def test_torchtitans_eager_and_compiled_pairs_give_the_compile_speedup_within_15
     eager blocks' counted traffic whatever the part's peak: published 1.157 and 1.162, predicted
     1.29 (1.25 with dgx-h100's 3.35 TB/s standing in, which passed at 10%; 1.32 with all of the
     elementwise time scaling with the bandwidth). 15%: the eager surplus grows on the slower
-    memory more than torchtitan's eager step did (README, Calibration, section F)."""
+    memory more than torchtitan's eager step did (docs/validation/published.md, section F)."""
     from calibration.validate_published import predict, shipped_machine
     from machine_models import load_machine
 

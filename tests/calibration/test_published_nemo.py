@@ -82,7 +82,7 @@ def test_weak_scaling_drift_follows_the_published_series():
 
 def test_large_models_predicted_within_the_band_where_nothing_was_fitted():
     """The 70B and 405B series (TP + SP + CP + interleaved pipelines, no such fitted row) within 5%
-    of the printed step time; the 8B series (TP 1, 8k tokens) is the weakest (README: section N)."""
+    of the printed step time; the 8B series (TP 1, 8k tokens) is the weakest (docs/validation/published.md, section N)."""
     for row in validate_held_out():
         if row.section == "N" and row.model != "llama3.1-8b":
             assert abs(row.error) <= 0.05, (row.id, row.error)
@@ -93,7 +93,7 @@ def test_memory_of_the_runs_that_ran_is_not_overestimated():
     tensors kept, the megatron profile's swiglu_kept_tensors) and fragmentation charged on what each
     step allocates and frees (not on the flat buffers of weights, gradients and optimizer state), all
     are predicted to fit but the 405B at 576 GPUs (four data-parallel replicas), which the count puts
-    within 3% of the device (README: section N); before both, every 405B run and the 8B at 8 and 16
+    within 3% of the device (docs/validation/published.md, section N); before both, every 405B run and the 8B at 8 and 16
     GPUs were 3-26% over."""
     gib = 2.0**30
     for run in RUNS:

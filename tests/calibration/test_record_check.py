@@ -46,7 +46,7 @@ def test_a_row_at_its_own_prediction_is_in_reach_and_a_much_faster_one_is_not():
 
 
 def test_of_the_fitted_rows_only_the_32b_megatron_row_is_out_of_reach():
-    """A-gpt-32b (the leave-one-out maximum, README "Status") needs its whole step's compute
+    """A-gpt-32b (the leave-one-out maximum, docs/validation/limits.md) needs its whole step's compute
     above H100's fitted GEMM asymptote under its record; every other fitted row is in reach."""
     rows = validate_published()
     out = [r.id for r in rows if r.record["unreachable"]]

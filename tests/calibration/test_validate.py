@@ -91,7 +91,7 @@ def test_megatron_strong_scaling_end_points_are_held_out_and_read_what_their_not
     4,608 GPUs. At 96 GPUs the bubble and the exposed gradient traffic are under 2% of the step,
     so that row checks the compute term alone; at 4,608 the bubble without interleaving is 5/12
     of the compute. Both are predicted with the shipped figures (their errors are reported, not
-    bounded: README "Status", docs/issue-10-log.md)."""
+    bounded: docs/validation/limits.md)."""
     from calibration.validate_published import predict, shipped_machine
 
     table = next(r for r in published_runs() if r.id == "A-gpt-177b")

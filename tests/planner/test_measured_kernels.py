@@ -57,8 +57,8 @@ def test_the_h100_and_h200_carry_the_measurement_and_the_exaplan_and_jax_profile
     assert compute.measured_kernels(H100, _job()) is H100.runtime_kernels
     for other in ("megatron", "deepspeed"):
         assert compute.measured_kernels(H100, _job(other)) is None, other
-    # the JAX backend runs cuDNN's flash attention and fused elementwise work too (README "The
-    # JAX backend on a GPU": five H100 runs within 6%)
+    # the JAX backend runs cuDNN's flash attention and fused elementwise work too (docs/validation/
+    # gpu.md, "The JAX backend on a GPU": five H100 runs within 6%)
     assert compute.measured_kernels(H100, _job("jax")) is H100.runtime_kernels
     assert compute.measured_kernels(load_machine("local", ranks=2), _job()) is None  # a CPU: its own fitted figures
     assert compute.measured_kernels(H100.model_copy(update={"runtime_kernels": None}), _job()) is None

@@ -251,7 +251,7 @@ def test_autocast_copies_and_the_backward_tail():
 def test_selective_op_keeps_the_attention_output_and_every_other_gemm():
     """torchtitan's per-op policy on Llama 3.1 8B under FSDP (bf16 weights, fused attention):
     the block's input, q, v, the attention output, gate and down, all bf16, and the fp32
-    log-sum-exp: 63,616 bytes a token and layer (README: about 62 KB against the 200 KB the
+    log-sum-exp: 63,616 bytes a token and layer (docs/model/memory.md: about 62 KB against the 200 KB the
     eager block keeps without recompute). Between full recompute and none; under tp 2 with
     sequence parallelism the column-parallel outputs split, the down projection's output
     (before its reduce-scatter) does not, and both reduce-scatters' outputs are kept."""

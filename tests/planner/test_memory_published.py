@@ -5,7 +5,7 @@ Each test cites its source and states its tolerance. Three kinds of figure:
     (arXiv 2205.05198): activation memory per layer (Table 2), on the busiest pipeline rank
     (sec. 4.2.3) and of the loss (sec. 4.3), for the GPT configurations of its Table 3;
   - published runs that trained on 80 GB devices, which must be predicted to fit: the
-    calibration set (calibration/published.py) and llm-foundry's H100 and A100-80GB benchmark
+    calibration set (calibration/data/published/) and llm-foundry's H100 and A100-80GB benchmark
     tables (FSDP, micro-batches above 1 at sequences up to 64k);
   - torchtitan's reported peak memory per GPU (Llama 3.1 on H100).
 """
@@ -167,7 +167,7 @@ def _machine_of(run):
 
 @pytest.mark.parametrize("run", published_runs(), ids=lambda r: r.id)
 def test_every_published_run_is_predicted_to_fit(run):
-    """calibration/published.py: every row trained on its devices (80 GB: Megatron-LM's DGX
+    """calibration/data/published/: every row trained on its devices (80 GB: Megatron-LM's DGX
     H100 weak-scaling table, deep pipelines at seq 4096; Korthikanti's 22B-1T on DGX A100;
     llm-foundry's FSDP rows on H100; fms-fsdp on A100; 64 GB: the LUMI MI250X GCDs and the Aurora
     Max 1550 tiles), so

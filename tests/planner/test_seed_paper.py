@@ -7,7 +7,7 @@ time), lies within the prediction's interval of the published sustained rate (Ta
 
 All four hold: Aurora (Max 1550 figures fitted to 2-node runs of another shape and to ALCF's
 GEMM benchmark: calibration/gemm_benchmarks.py), Alps (GH200 borrows the H100 fit: +/-30%),
-Frontier and PDX (README, "The seed paper on its own machines")."""
+Frontier and PDX (docs/validation/seed-paper.md)."""
 
 from __future__ import annotations
 
