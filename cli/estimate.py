@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     model, machine, job = load_inputs(args)
     lay = layout_of(args, machine)
     problems = layout_problems(model, job, args.nodes * machine.devices_per_node, lay)
-    problems += framework_problems(job.framework, lay)
+    problems += framework_problems(job.framework, lay, layers=model.layers)
     if problems:
         raise PlanError("; ".join(problems))
     ev = evaluate(model, machine, job, lay)

@@ -73,6 +73,10 @@ def stage_assignment(model: ModelSpec, machine: MachineModel, job: TrainingJob, 
     if pp == 1:
         return []
     S = pp * v
+    if job.framework.even_stages and model.layers % S == 0:  # Megatron: equal stages, whatever the head costs
+        per = model.layers // S
+        return [StageAssignment(pp_rank=i % pp, virtual_index=i // pp, first_layer=i * per, last_layer=(i + 1) * per,
+                                embedding=i == 0, head=i == S - 1) for i in range(S)]
     _, fb = compute.layer_times(model, machine, job, lay)
     head = compute.head_time(model, machine, job, lay)
     per_mb, fixed = activation_bytes(model, machine, job, lay)

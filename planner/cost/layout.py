@@ -166,14 +166,27 @@ class Space:
         return Space(self.units.take(units), self.meshes.take(meshes), unit.reshape(-1), mesh.reshape(-1),
                      self.gas[rows], self.schedule[rows])
 
-    def allowed_by(self, framework: FrameworkProfile) -> np.ndarray:
-        """Per row: whether the framework runs it (its shardings and recompute levels; sequence,
-        pipeline and context parallelism only where it offers them)."""
+    def allowed_by(self, framework: FrameworkProfile, layers: int | None = None) -> np.ndarray:
+        """Per row: whether the framework runs it (planner.schema.framework.layout_refusals,
+        vectorised: its shardings, recompute levels and schedules; sequence, pipeline and
+        context parallelism only where it offers them; with `layers`, even stages where it
+        needs them)."""
         ok_mesh = np.isin(self.meshes.sharding, [SHARDINGS.index(s) for s in framework.shardings])
-        ok_unit = (((self.units.sp == 0) | framework.sequence_parallel) & ((self.units.pp == 1) | framework.pipeline_parallel)
-                   & ((self.units.cp == 1) | framework.context_parallel)
-                   & np.isin(self.units.recompute, [RECOMPUTES.index(r) for r in framework.recompute_levels]))
-        return ok_mesh[self.mesh] & ok_unit[self.unit]
+        if framework.replicate_alone:
+            m = self.meshes
+            ok_mesh &= ~((m.sharding == SH_NONE) & (m.dp_replicate * m.dp_shard > 1) & ((m.pp > 1) | (m.cp > 1) | (m.tp > 1)))
+        u = self.units
+        ok_unit = (((u.sp == 0) | framework.sequence_parallel) & ((u.pp == 1) | framework.pipeline_parallel)
+                   & ((u.cp == 1) | framework.context_parallel)
+                   & np.isin(u.recompute, [RECOMPUTES.index(r) for r in framework.recompute_levels]))
+        if framework.even_stages and layers is not None:
+            ok_unit &= (u.pp == 1) | (layers % (u.pp * u.vpp) == 0)
+        ok = ok_mesh[self.mesh] & ok_unit[self.unit]
+        pipelined = self.units.pp[self.unit] > 1
+        ok &= ~pipelined | np.isin(self.schedule, [SCHEDULES.index(s) for s in framework.schedules])
+        if framework.pipeline_shardings is not None:
+            ok &= ~pipelined | np.isin(self.meshes.sharding[self.mesh], [SHARDINGS.index(s) for s in framework.pipeline_shardings])
+        return ok
 
     def layouts(self, rows=None) -> Layouts:
         """Full layouts of the given rows (all rows if None)."""
@@ -197,7 +210,7 @@ def default_shard_group(dp: int, ranks_per_node: int) -> int:
     return max(inside) if inside else min(legal)
 
 
-def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0) -> list[str]:
+def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0, layers: int | None = None) -> list[str]:
     """Why row i is not a layout the framework runs (empty when it is)."""
     out = []
     if SHARDINGS[lay.sharding[i]] not in framework.shardings:
@@ -212,4 +225,17 @@ def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0) ->
         out.append(f"pp: {framework.name} has no pipeline parallelism (pp must be 1, got {lay.pp[i]})")
     if lay.cp[i] > 1 and not framework.context_parallel:
         out.append(f"cp: {framework.name} has no context parallelism (cp must be 1, got {lay.cp[i]})")
+    if lay.pp[i] > 1 and framework.pipeline_parallel:
+        schedule = SCHEDULES[lay.schedule[i]]
+        if schedule is not None and schedule not in framework.schedules:
+            out.append(f"schedule: {framework.name} runs {', '.join(s.value for s in framework.schedules)}, not {schedule.value}")
+        if not framework.pipeline_sharding_ok(SHARDINGS[lay.sharding[i]]):
+            out.append(f"shard: {framework.name} runs {', '.join(s.value for s in framework.pipeline_shardings or [])} with "
+                       f"pipeline parallelism, not {SHARDINGS[lay.sharding[i]].value}")
+        if framework.even_stages and layers is not None and layers % (lay.pp[i] * lay.vpp[i]):
+            out.append(f"pp: {framework.name} splits the layers evenly; pp x vpp = {lay.pp[i] * lay.vpp[i]} does not divide "
+                       f"{layers} layers")
+    if (framework.replicate_alone and lay.sharding[i] == SH_NONE and lay.dp[i] > 1
+            and max(lay.pp[i], lay.cp[i], lay.tp[i]) > 1):
+        out.append(f"shard: {framework.name} runs DDP (none) only as the one parallelism; with pp, cp or tp use fsdp or hsdp")
     return out

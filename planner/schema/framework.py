@@ -118,6 +118,15 @@ class FrameworkProfile(Spec):
     context_parallel: bool = Field(True, description="Offers context parallelism (cp > 1).")
     precisions: list[Precision] = Field(default_factory=lambda: list(Precision), max_length=len(Precision),
                                         description="Compute precisions the framework trains in.")
+    schedules: list[Schedule] = Field(default_factory=lambda: list(Schedule), min_length=1,
+                                      description="Pipeline schedules the framework runs (pp > 1).")
+    even_stages: bool = Field(False, description="Pipeline stages hold equal numbers of layers: pp x virtual stages "
+                                                 "divides the layers (Megatron's validate_args); False: any split.")
+    pipeline_shardings: list[Sharding] | None = Field(
+        None, description="Shardings the framework runs together with pipeline parallelism (DeepSpeed's pipeline "
+                          "engine: ZeRO stages 0-1); None: all of `shardings`.")
+    replicate_alone: bool = Field(False, description="Sharding none (DDP) only without tensor, pipeline or context "
+                                                     "parallelism (torchtitan: DDP does not compose with them).")
 
     @model_validator(mode="after")
     def _check(self) -> "FrameworkProfile":
@@ -132,6 +141,9 @@ class FrameworkProfile(Spec):
         out += [f"no {what} parallelism" for what, has in (("sequence", self.sequence_parallel),
                 ("pipeline", self.pipeline_parallel), ("context", self.context_parallel)) if not has]
         return "; ".join(out)
+
+    def pipeline_sharding_ok(self, sharding: "Sharding | str") -> bool:
+        return self.pipeline_shardings is None or Sharding(sharding) in self.pipeline_shardings
 
     def grad_reduce_bytes(self, precision: "Precision | str") -> int:
         """Bytes a gradient element the data-parallel reduction moves in `precision` training."""
@@ -151,3 +163,46 @@ class FrameworkProfile(Spec):
         if machine.flash_attention and not self.flash_attention:
             update["flash_attention"] = False
         return machine.model_copy(update=update) if update else machine
+
+
+def layout_refusals(profile: FrameworkProfile, *, layers: int, pp: int, vpp: int, cp: int, tp: int, dp_replicate: int,
+                    dp_shard: int, sharding: "Sharding | str", recompute: "Recompute | str", schedule: "Schedule | str | None",
+                    sp: bool, precision: "Precision | str", stages: list[tuple[int, int]] | None = None,
+                    target: str | None = None) -> list[str]:
+    """Why the framework cannot run one layout (empty when it can), each naming the plan's field:
+    the one statement of a profile's constraints that the search (planner.cost.layout, which
+    vectorises it) and the exporters (export/) both keep. `stages`: the plan's (first, last)
+    layer ranges, checked against even_stages."""
+    name = target or profile.name
+    sharding, recompute = Sharding(sharding), Recompute(recompute)
+    out = []
+    if sharding not in profile.shardings:
+        out.append(f"sharding.kind: {name} runs {', '.join(s.value for s in profile.shardings)}, not {sharding.value}")
+    if recompute not in profile.recompute_levels:
+        out.append(f"recompute: {name} offers {', '.join(r.value for r in profile.recompute_levels)}, not {recompute.value}")
+    if sp and not profile.sequence_parallel:
+        out.append(f"sequence_parallel: {name} has no sequence parallelism")
+    if cp > 1 and not profile.context_parallel:
+        out.append(f"mesh.cp: {name} has no context parallelism (cp must be 1, got {cp})")
+    if Precision(precision) not in profile.precisions:
+        out.append(f"job.precision: {name} trains in {', '.join(p.value for p in profile.precisions)}, not {Precision(precision).value}")
+    if pp > 1:
+        if not profile.pipeline_parallel:
+            out.append(f"mesh.pp: {name} has no pipeline parallelism (pp must be 1, got {pp})")
+        elif schedule is not None and Schedule(schedule) not in profile.schedules:
+            out.append(f"pipeline.schedule: {name} runs {', '.join(s.value for s in profile.schedules)}, not {Schedule(schedule).value}")
+        if not profile.pipeline_sharding_ok(sharding):
+            out.append(f"sharding.kind: {name} runs {', '.join(s.value for s in profile.pipeline_shardings or [])} with "
+                       f"pipeline parallelism, not {sharding.value}")
+        if profile.even_stages:
+            chunks = pp * vpp
+            if layers % chunks:
+                out.append(f"pipeline.stages: {name} splits the layers evenly; pp x virtual stages = {chunks} does not "
+                           f"divide {layers} layers")
+            elif stages and any(b - a != layers // chunks for a, b in stages):
+                out.append(f"pipeline.stages: {name} splits the layers evenly ({layers // chunks} a stage); the plan's "
+                           f"stages hold {', '.join(str(b - a) for a, b in stages)}")
+    if profile.replicate_alone and sharding == Sharding.none and dp_replicate * dp_shard > 1 and max(pp, cp, tp) > 1:
+        out.append(f"sharding.kind: {name} runs DDP (sharding none) only as the one parallelism; with pp {pp}, cp {cp}, "
+                   f"tp {tp} use fsdp or hsdp")
+    return out

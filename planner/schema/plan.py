@@ -371,7 +371,9 @@ _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "pre
                        "eager_bytes_per_element": None, "compiled": False, "launch_us_per_op": None,
                        "step_launch_s": 0.0, "measured_kernels": False, "weight_bytes_per_param": 0.0,
                        "recompute_levels": ["none", "selective", "full"], "head_bytes_per_element": {},
-                       "compiled_step": False, "sp_collective_copies": False}
+                       "compiled_step": False, "sp_collective_copies": False,
+                       "schedules": [s.value for s in Schedule], "even_stages": False, "pipeline_shardings": None,
+                       "replicate_alone": False}
 
 
 _EARLIER_VALUES = {name: value for name, value in _FRAMEWORK_DEFAULTS.items()
