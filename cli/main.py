@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import calibrate, capacity, data, estimate, explain, launch, plan, presets, run, schema, validate, whatif
+from cli import calibrate, capacity, data, estimate, explain, export, launch, plan, presets, run, schema, validate, whatif
 from planner.schema.errors import PlanError
 
 # In the order `exaplan --help` lists them.
 SUBCOMMANDS = {"plan": plan, "estimate": estimate, "explain": explain, "schema": schema, "validate": validate,
-               "calibrate": calibrate, "whatif": whatif, "capacity": capacity, "run": run, "launch": launch, "data": data, "list": presets}
+               "calibrate": calibrate, "whatif": whatif, "capacity": capacity, "run": run, "export": export, "launch": launch, "data": data, "list": presets}
 
 EPILOG = """examples:
   exaplan plan --model protein-3.5b --machine aurora --nodes 3200
@@ -25,6 +25,7 @@ EPILOG = """examples:
   exaplan explain plan.yaml
   exaplan whatif --model protein-3.5b --machine aurora,frontier --nodes 16:2048 --tokens 1e12 --deadline-days 7
   exaplan run plan.yaml --steps 200 --out runs/small          (exaplan run --help)
+  exaplan export plan.yaml --to megatron -o export/megatron   (exaplan export --help)
   exaplan data prepare uniprot.fasta.gz -o data/uniprot       (exaplan data --help)
   exaplan validate --published
   exaplan schema plan

@@ -13,6 +13,8 @@
   runtime only its torch-free modules (the loader and data preparation, metrics, launcher
   detection, walltime, run lock, options and preflight checks; runtime.checkpoint and
   runtime.dpo only lazily, to read a torch checkpoint's weights); only cli/ imports jaxrt/;
+- export/ (the plan in the frameworks' own terms) imports from exaplan only planner/schema/ and
+  machine_models/ (the frameworks' own packages in its check_* modules); only cli/ imports export/;
 - benchmarks/ (the hand-written torch loops `make bench-runtime` compares against) imports from
   exaplan only the model (runtime.model) and the model presets (planner.presets); nothing
   imports benchmarks/;
@@ -34,7 +36,7 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli", "launch", "report", "benchmarks", "jaxrt")
+PACKAGES = ("planner", "runtime", "calibration", "machine_models", "cli", "launch", "report", "benchmarks", "jaxrt", "export")
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTION_NOTE = "Why one function:"
@@ -190,6 +192,18 @@ def test_launch_imports_only_the_schema_and_machine_models():
 
     assert _violations(rule) == []
     assert _violations(lambda m, n: _top(n) == "launch" and _top(m) not in ("launch", "cli")) == []
+
+
+def test_export_imports_only_the_schema_and_machine_models():
+    def rule(m, n):
+        if _top(m) != "export":
+            return False
+        if _top(n) in ("runtime", "calibration", "cli", "launch", "report", "jaxrt", "benchmarks"):
+            return True
+        return _top(n) == "planner" and not (n == "planner.schema" or n.startswith("planner.schema."))
+
+    assert _violations(rule) == []
+    assert _violations(lambda m, n: _top(n) == "export" and _top(m) not in ("export", "cli")) == []
 
 
 def test_report_imports_only_the_planner_and_machine_models():

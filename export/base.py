@@ -1,0 +1,163 @@
+"""What every exporter shares: the result (files and the batch split the framework should
+derive), the registry of targets, the framework-profile check, and writing a folder safely."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.schema.errors import PlanError
+from planner.schema.framework import layout_refusals
+from planner.schema.plan import Plan
+
+# --to name -> (module under export/, the framework profile of machine_models/frameworks.yaml
+# whose constraints it keeps).
+TARGETS: dict[str, tuple[str, str]] = {
+    "megatron": ("export.megatron", "megatron"),
+    "megatron-deepspeed": ("export.megatron", "deepspeed"),
+    "deepspeed": ("export.deepspeed", "deepspeed"),
+    "torchtitan": ("export.torchtitan", "torchtitan"),
+    "maxtext": ("export.maxtext", "maxtext"),
+}
+
+
+@dataclass(frozen=True)
+class Derived:
+    """What the framework should derive from the exported files: the degrees and the batch
+    split. The framework checks (export/check_*.py) compute the same from the framework's own
+    code, and the tests require the two to equal the plan's."""
+
+    tp: int
+    pp: int
+    vpp: int
+    cp: int
+    dp: int
+    micro_batch: int
+    accumulation: int
+    global_batch: int
+
+    @staticmethod
+    def of(plan: Plan) -> "Derived":
+        return Derived(tp=plan.mesh.tp, pp=plan.mesh.pp, vpp=plan.pipeline.virtual_stages, cp=plan.mesh.cp,
+                       dp=plan.mesh.dp, micro_batch=plan.micro_batch_size,
+                       accumulation=plan.grad_accumulation_steps, global_batch=plan.job.global_batch)
+
+
+@dataclass
+class Export:
+    """One target's files for one plan: relative path -> text, with what the framework should
+    derive from them and notes for the user (printed by `exaplan export`, written to README)."""
+
+    target: str
+    files: dict[str, str]
+    derived: Derived
+    notes: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)  # package -> the pinned version the files are for
+
+
+def target_module(target: str):
+    if target not in TARGETS:
+        import difflib
+
+        near = difflib.get_close_matches(target, list(TARGETS), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise PlanError(f"unknown target {target!r}{hint}; known: {', '.join(TARGETS)}", field="to")
+    return importlib.import_module(TARGETS[target][0])
+
+
+def target_profile(target: str):
+    """The framework profile whose constraints `target` keeps."""
+    from machine_models import load_framework
+
+    target_module(target)  # the unknown-target message first
+    return load_framework(TARGETS[target][1])
+
+
+def profile_refusals(plan: Plan, target: str) -> list[str]:
+    """Why the target's framework cannot run the plan's layout, by its profile (empty: it can)."""
+    profile = target_profile(target)
+    stages = [(s.first_layer, s.last_layer) for s in plan.pipeline.stages]
+    return layout_refusals(
+        profile, layers=plan.model.layers, pp=plan.mesh.pp, vpp=plan.pipeline.virtual_stages, cp=plan.mesh.cp,
+        tp=plan.mesh.tp, dp_replicate=plan.mesh.dp_replicate, dp_shard=plan.mesh.dp_shard, sharding=plan.sharding.kind,
+        recompute=plan.recompute, schedule=plan.pipeline.schedule, sp=plan.sequence_parallel,
+        precision=plan.job.precision, stages=stages, target=target)
+
+
+def export_plan(plan: Plan, target: str) -> Export:
+    """The target's files for the plan; PlanError naming the field for what it cannot express."""
+    module = target_module(target)
+    problems = profile_refusals(plan, target)
+    if problems:
+        raise PlanError(f"{target} cannot run this plan: " + "; ".join(problems), field="plan")
+    out = module.export(plan, target)
+    if plan.job.framework.name != TARGETS[target][1]:
+        out.notes.append(f"the plan was predicted with the {plan.job.framework.name!r} profile; "
+                         f"`exaplan plan --framework {TARGETS[target][1]}` predicts it as {target} runs it")
+    return out
+
+
+def write_export(export: Export, out_dir: str | Path, plan_path: str | Path | None = None) -> list[Path]:
+    """Write the files into `out_dir`: a new folder, or an existing one that is empty or holds
+    only these files from an earlier export of the same target (they are replaced). Anything
+    else in it: PlanError, nothing written. Written into a temporary folder beside it first,
+    then moved, so an error leaves nothing half-written."""
+    out = Path(out_dir)
+    names = dict(export.files)
+    names["exaplan-export.json"] = json.dumps({
+        "target": export.target, "plan": str(plan_path) if plan_path else None, "files": sorted(export.files),
+        "derived": export.derived.__dict__, "versions": export.versions, "notes": export.notes}, indent=1) + "\n"
+    if out.exists():
+        if not out.is_dir():
+            raise PlanError(f"{out} exists and is not a folder", field="output")
+        marker = out / "exaplan-export.json"
+        theirs = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+        if theirs:
+            try:
+                previous = json.loads(marker.read_text()).get("target")
+            except (OSError, ValueError):
+                previous = None
+            if previous != export.target or not theirs <= set(names) | _previous_files(marker):
+                raise PlanError(f"{out} exists and holds other files ({', '.join(sorted(theirs)[:3])}"
+                                f"{', ...' if len(theirs) > 3 else ''}); give a new or empty folder", field="output")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, text in names.items():
+            path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            if name.endswith(".sh"):
+                path.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [out / n for n in names]
+
+
+def _previous_files(marker: Path) -> set[str]:
+    """The files an earlier export listed (its own files may differ from this one's)."""
+    try:
+        data = json.loads(marker.read_text())
+        return set(data.get("files", [])) | {"exaplan-export.json"}
+    except (OSError, ValueError):
+        return set()
+
+
+def env_script(plan: Plan) -> str:
+    """env.sh: the collective library's environment the plan chose (planner/emit.py), to source
+    before the framework starts; the values were checked on load (planner/schema/launch.py)."""
+    import shlex
+
+    lines = [f"# The collective environment of the plan ({plan.collectives.library}): source before the job starts.",
+             f"# {plan.provenance.command}"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(plan.collectives.env.items())]
+    return "\n".join(lines) + "\n"
