@@ -49,6 +49,14 @@ def add_parser(sub) -> None:
     p.add_argument("--nodes", type=int, help="nodes to calibrate on (--calibrate; calibrate --arrival runs "
                                                  "once from the first node through srun/mpiexec; torchrun: 1 node)")
     p.add_argument("--layouts", type=int, default=4, help="layouts of the validation sweep (--calibrate; default 4)")
+    p.add_argument("--framework", metavar="TARGET", help="run the plan in a framework instead of exaplan's runtime: "
+                   "megatron, megatron-deepspeed, deepspeed, torchtitan or maxtext (exaplan export's targets); the "
+                   "plan is exported beside the script (--export-dir) and each rank runs --entry with its arguments")
+    p.add_argument("--entry", metavar="SCRIPT", help="the framework's entry point (--framework): a .py script "
+                   "(Megatron-LM's pretrain_gpt.py, your DeepSpeed train.py) or a module run with -m (torchtitan.train, "
+                   "MaxText.train)")
+    p.add_argument("--export-dir", metavar="DIR", help="where --framework writes the exported files (default: "
+                   "beside the job script, SCRIPT-TARGET/)")
     p.add_argument("-o", "--output", required=True, help="the job script to write")
     p.add_argument("--run-args", default="", metavar='"OPTIONS"',
                    help='options of `exaplan run`, one quoted string: --run-args="--steps 5000 --ckpt-every 500"')
@@ -78,9 +86,43 @@ def run(args: argparse.Namespace) -> int:
 
         plan = load_plan(args.plan)
         machine = load_machine(args.machine or plan.machine.name)
+        if args.framework:
+            return _framework(args, plan, machine)
+        if args.entry:
+            raise PlanError("--entry runs a framework's entry point: give --framework too", field="--entry")
         job = launch.plan_job(plan, machine, args)
     launch.write_script(job)
     print(f"wrote {job.script}: {job.scheduler.value}, {job.nodes} node(s) x {job.ranks_per_node} ranks, "
           f"walltime {job.walltime}, staging {job.stage}")
+    print(f"submit: {launch.submit_hint(job)}")
+    return 0
+
+
+def _framework(args: argparse.Namespace, plan, machine) -> int:
+    """Export the plan for --framework beside the script, then write the job around --entry
+    (checked before anything is written)."""
+    from pathlib import Path
+
+    import launch
+    from export import export_plan, write_export
+
+    from export import TARGETS
+
+    if args.framework not in TARGETS:
+        raise PlanError(f"unknown framework {args.framework!r}; exaplan export's targets: {', '.join(TARGETS)}",
+                        field="--framework")
+    exported = export_plan(plan, args.framework)
+    entry = args.entry or exported.entry
+    if not entry:
+        raise PlanError(f"{args.framework} has no usual entry point: give --entry (your training script)", field="--entry")
+    script = Path(args.output)
+    folder = Path(args.export_dir) if args.export_dir else script.with_name(f"{script.stem}-{args.framework}")
+    job = launch.framework_job(plan, machine, args, args.framework, entry, exported.argv_in(folder))
+    write_export(exported, folder, args.plan)
+    launch.write_script(job)
+    print(f"wrote {folder}/ ({args.framework}) and {job.script}: {job.scheduler.value}, {job.nodes} node(s) x "
+          f"{job.ranks_per_node} ranks running {entry}, walltime {job.walltime}, staging {job.stage}")
+    for note in exported.notes + job.notes:
+        print(f"note: {note}")
     print(f"submit: {launch.submit_hint(job)}")
     return 0

@@ -18,6 +18,10 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
     p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default plan.yaml; .json for JSON)")
     p.add_argument("--no-write", action="store_true", help="print only; write no plan file")
+    p.add_argument("--export", metavar="DIR", help="also write the plan as --framework runs it into DIR (exaplan export: "
+                   "megatron -> Megatron-LM, deepspeed -> Megatron-DeepSpeed, torchtitan, maxtext; --export-to picks another)")
+    p.add_argument("--export-to", metavar="TARGET", help="the export target of --export when not the framework's own "
+                   "(e.g. deepspeed: a ds_config.json for your own model)")
     p.add_argument("--draws", type=int, default=200,
                    help="draws of the fitted figures within their uncertainty to test whether the first choice stays "
                         "first (default 200; 0: skip)")
@@ -91,8 +95,17 @@ def run(args: argparse.Namespace) -> int:
             result = search(model, machine, job, args.nodes, top_k=args.top, pins=pins)
     lay, ev = result.layouts, result.evaluation
     plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line(), backend=args.backend)
+    exported = _export(plan, args) if args.export else None  # refused before anything is written
+    if exported is not None:
+        from export.base import check_folder
+
+        check_folder(exported, args.export)
     if not args.no_write:
         write_plan(plan, args.output)
+    if exported is not None:
+        from export import write_export
+
+        write_export(exported, args.export, None if args.no_write else args.output)
     u = uncertainty_of(machine, job.framework)
     robust, robust_s = _robustness(model, machine, job, result, u, args.draws)
     stats = dict(legal_layouts=result.total_layouts, layouts_scored=result.layouts_scored, fitting=result.fitting,
@@ -113,6 +126,21 @@ def run(args: argparse.Namespace) -> int:
     if robust:
         out.print(robustness_line(robust, result.finalists))
     return 0
+
+
+# The export target of each framework profile (`plan --framework F --export DIR`).
+EXPORT_TARGET = {"megatron": "megatron", "deepspeed": "megatron-deepspeed", "torchtitan": "torchtitan", "maxtext": "maxtext"}
+
+
+def _export(plan, args):
+    """The plan exported for --export (PlanError, before anything is written, where it cannot be)."""
+    from export import export_plan
+
+    target = args.export_to or EXPORT_TARGET.get(plan.job.framework.name)
+    if target is None:
+        raise PlanError(f"framework {plan.job.framework.name} is exaplan's own (exaplan run PLAN runs it); give "
+                        f"--framework {' or '.join(EXPORT_TARGET)} or --export-to TARGET", field="export")
+    return export_plan(plan, target)
 
 
 def _robustness(model, machine, job, result, u, draws: int):
@@ -154,6 +182,9 @@ def _print(out, args, model, machine, job, result, plan, stats) -> None:
                   f"{compiled:.4g} s a step ({compiled / ev.step_time_s[0] - 1:+.0%})")
     if not args.no_write:
         out.print(f"wrote {args.output}  (run `exaplan explain {args.output}` for the full report)")
+    if args.export:
+        out.print(f"exported for {args.export_to or EXPORT_TARGET[plan.job.framework.name]} into {args.export}/ "
+                  f"(docs/frameworks/)")
 
 
 def _compiled_step_s(model, machine, job, lay, eager_step_s: float) -> float | None:

@@ -15,6 +15,8 @@ from planner.schema.errors import PlanError
 from planner.schema.framework import layout_refusals
 from planner.schema.plan import Plan
 
+EXPORT_DIR = "{export_dir}"
+
 # --to name -> (module under export/, the framework profile of machine_models/frameworks.yaml
 # whose constraints it keeps).
 TARGETS: dict[str, tuple[str, str]] = {
@@ -58,6 +60,13 @@ class Export:
     derived: Derived
     notes: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)  # package -> the pinned version the files are for
+    # The words each rank passes to the framework's entry point (`exaplan launch --framework`);
+    # EXPORT_DIR in a word stands for the folder the files were written to.
+    argv: list[str] = field(default_factory=list)
+    entry: str | None = None  # the framework's usual entry point (pretrain_gpt.py, torchtitan.train), a hint
+
+    def argv_in(self, folder: str | Path) -> list[str]:
+        return [w.replace(EXPORT_DIR, str(Path(folder).resolve())) for w in self.argv]
 
 
 def target_module(target: str):
@@ -104,27 +113,12 @@ def export_plan(plan: Plan, target: str) -> Export:
 
 def write_export(export: Export, out_dir: str | Path, plan_path: str | Path | None = None) -> list[Path]:
     """Write the files into `out_dir`: a new folder, or an existing one that is empty or holds
-    only these files from an earlier export of the same target (they are replaced). Anything
-    else in it: PlanError, nothing written. Written into a temporary folder beside it first,
-    then moved, so an error leaves nothing half-written."""
+    only the files of an earlier export of the same target (they are replaced). Anything else
+    in it: PlanError, nothing written. Written into a temporary folder beside it first, then
+    moved, so an error leaves nothing half-written."""
     out = Path(out_dir)
-    names = dict(export.files)
-    names["exaplan-export.json"] = json.dumps({
-        "target": export.target, "plan": str(plan_path) if plan_path else None, "files": sorted(export.files),
-        "derived": export.derived.__dict__, "versions": export.versions, "notes": export.notes}, indent=1) + "\n"
-    if out.exists():
-        if not out.is_dir():
-            raise PlanError(f"{out} exists and is not a folder", field="output")
-        marker = out / "exaplan-export.json"
-        theirs = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-        if theirs:
-            try:
-                previous = json.loads(marker.read_text()).get("target")
-            except (OSError, ValueError):
-                previous = None
-            if previous != export.target or not theirs <= set(names) | _previous_files(marker):
-                raise PlanError(f"{out} exists and holds other files ({', '.join(sorted(theirs)[:3])}"
-                                f"{', ...' if len(theirs) > 3 else ''}); give a new or empty folder", field="output")
+    names = _named_files(export, plan_path)
+    check_folder(export, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -141,6 +135,35 @@ def write_export(export: Export, out_dir: str | Path, plan_path: str | Path | No
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return [out / n for n in names]
+
+
+def _named_files(export: Export, plan_path) -> dict[str, str]:
+    """The export's files and its record, exaplan-export.json (what `check_folder` reads back)."""
+    names = dict(export.files)
+    names["exaplan-export.json"] = json.dumps({
+        "target": export.target, "plan": str(plan_path) if plan_path else None, "files": sorted(export.files),
+        "derived": export.derived.__dict__, "versions": export.versions, "notes": export.notes}, indent=1) + "\n"
+    return names
+
+
+def check_folder(export: Export, out_dir: str | Path) -> None:
+    """PlanError unless `out_dir` is new, empty, or an earlier export of the same target."""
+    out = Path(out_dir)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise PlanError(f"{out} exists and is not a folder", field="output")
+    marker = out / "exaplan-export.json"
+    theirs = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    if not theirs:
+        return
+    try:
+        previous = json.loads(marker.read_text()).get("target")
+    except (OSError, ValueError, AttributeError):
+        previous = None
+    if previous != export.target or not theirs <= _previous_files(marker):
+        raise PlanError(f"{out} exists and holds other files ({', '.join(sorted(theirs)[:3])}"
+                        f"{', ...' if len(theirs) > 3 else ''}); give a new or empty folder", field="output")
 
 
 def _previous_files(marker: Path) -> set[str]:

@@ -54,6 +54,26 @@ def plan_job(plan, machine: MachineModel, o) -> Job:
     return Job(out=out, name=name, exaplan_args=args, resumable=True, **fields)
 
 
+def framework_job(plan, machine: MachineModel, o, target: str, entry: str, argv: list[str]) -> Job:
+    """The job that runs `plan` in a framework: the same script (header, binding, environment,
+    staging, signals) around the framework's own entry point, each rank `entry argv` with the
+    launcher's rank variables exported as torch.distributed's (launch/rank.py). The framework
+    keeps its own checkpoints, so there is no exaplan requeue: the scheduler's signal reaches
+    the ranks (Megatron's --exit-signal-handler saves on it)."""
+    if not entry or any(c in entry for c in "\n\0"):
+        raise PlanError("give the framework's entry point: a .py script (pretrain_gpt.py) or a module "
+                        "(torchtitan.train)", field="--entry")
+    if entry.endswith(".py"):  # the ranks start in the code's folder: a script by its absolute path
+        entry = str(Path(entry).expanduser().resolve())
+    fields = _common(machine, o, plan.ranks_per_node, plan.nodes)
+    fields["env"].update(_job.check_env(plan.collectives.env, "plan.collectives.env"))
+    out = Path(o.out or f"runs/{plan.model.name}-{machine.name}-{plan.nodes}n-{target}").resolve()
+    notes = [f"{target}: each rank runs {entry} with the exported arguments; its checkpoints, logs and "
+             f"resumption are the framework's own (give them with --run-args)"]
+    return Job(out=out, name=_job_name(f"{target}-{plan.model.name}"), exaplan_args=[*argv, *o.run_args],
+               resumable=False, notes=notes, entry=entry, **fields)
+
+
 def calibrate_job(machine: MachineModel, machine_ref: str, o) -> Job:
     """The calibrate-on-arrival job: `exaplan calibrate --arrival` ONCE, from the batch script on
     the first node, which starts the measurement and every run of its sweep on all N nodes
@@ -111,4 +131,4 @@ def submit_hint(job: Job) -> str:
     return f"NODE_RANK=<0..{job.nodes - 1}> MASTER_ADDR=<first node> bash {job.script}   (on every node)"
 
 
-__all__ = ["Job", "calibrate_job", "plan_job", "submit_hint", "write_script"]
+__all__ = ["Job", "calibrate_job", "framework_job", "plan_job", "submit_hint", "write_script"]

@@ -51,6 +51,9 @@ class Job:
     # calibrate --arrival: the command runs ONCE, in the batch script's shell on the first node,
     # and starts every rank itself through --launcher (script.py's _arrival)
     runs_once: bool = False
+    # a framework's run (`exaplan launch --framework F --entry E`): each rank runs this entry point
+    # (a .py script, or a module run with -m) with exaplan_args as its arguments, not `python -m cli`
+    entry: str | None = None
 
     @property
     def world_size(self) -> int:

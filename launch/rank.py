@@ -3,7 +3,9 @@ this process's output to DIR/rank-N.out, raises its open-file limit to the hard 
 to its cores where no launcher did (torchrun), gives it its own MIOpen cache, says which
 interpreter and code it runs (sys.prefix: the staged copy or not), then replaces itself with
 `python -m cli ARGS` (the same process: signals and the exit code reach the scheduler as they
-are). No torch and nothing of exaplan imported here.
+are); with `--entry E` (exaplan launch --framework) it runs the framework's entry point E with
+ARGS instead, torch.distributed's rank variables exported from the launcher's. No torch and
+nothing of exaplan imported here.
 
 With `--command` (the tail of `exaplan calibrate --arrival --launcher "srun ... python -m
 launch.rank --command --"`) the words after `--` are a whole command that the launcher was
@@ -33,6 +35,28 @@ def rank_of(env: dict[str, str]) -> tuple[int, int]:
     return 0, 0
 
 
+# (world size, local world size) of each launcher, in the order of RANK_VARS.
+SIZE_VARS = (("WORLD_SIZE", "LOCAL_WORLD_SIZE"), ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"), ("PALS_SIZE", "PALS_LOCAL_SIZE"),
+             ("PMI_SIZE", "MPI_LOCALNRANKS"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"))
+
+
+def torch_env(env: dict[str, str]) -> dict[str, str]:
+    """torch.distributed's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE) from the
+    launcher's, for a framework's entry point that reads only those (Megatron, torchtitan,
+    DeepSpeed under srun or mpiexec: ALCF's and CSCS's recipes export them the same way);
+    what is already set stays."""
+    out = {}
+    for (rank, local), (size, local_size) in zip(RANK_VARS, SIZE_VARS):
+        if rank in env:
+            out = {"RANK": env[rank], "LOCAL_RANK": env.get(local, "0")}
+            if size in env:
+                out["WORLD_SIZE"] = env[size]
+            if local_size in env:
+                out["LOCAL_WORLD_SIZE"] = env[local_size].split("(")[0]  # Slurm: "4(x2)"
+            break
+    return {k: v for k, v in out.items() if k not in env}
+
+
 def _cores(cpu_set: str) -> set[int]:
     cores: set[int] = set()
     for part in cpu_set.split(","):
@@ -57,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--miopen-cache", help="node-local MIOpen cache folder (one per rank below it)")
     ap.add_argument("--command", action="store_true",
                     help="the words after -- are a whole command (PYTHON -m cli ARGS: this interpreter's)")
+    ap.add_argument("--entry", help="run this framework entry point instead of exaplan: a .py script, or a module "
+                                    "(run with -m), with the words after -- as its arguments")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the arguments of exaplan")
     ns = ap.parse_args(argv)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -87,6 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     code = Path(__file__).resolve().parents[1]
     print(f"exaplan launch: rank {rank} (local {local}) on {socket.gethostname()}: sys.prefix={sys.prefix} "
           f"code={code} open files={resource.getrlimit(resource.RLIMIT_NOFILE)[0]}", flush=True)
+    if ns.entry:
+        os.environ.update(torch_env(dict(os.environ)))
+        target = [ns.entry] if ns.entry.endswith(".py") else ["-m", ns.entry]
+        os.execv(sys.executable, [sys.executable, *target, *args])
     if ns.command and args[1:3] != ["-m", "cli"]:
         os.execvp(args[0], args)
     if ns.command:

@@ -144,6 +144,8 @@ def _rank_command(job: Job) -> list[str]:
         words += ["--bind-cpus", q(";".join(s.cpu_sets))]
     if s.miopen_cache_dir:
         words += ["--miopen-cache", expand(s.miopen_cache_dir)]
+    if job.entry:
+        words += ["--entry", q(job.entry)]
     return words + ["--"] + [q(a) for a in job.exaplan_args]
 
 
