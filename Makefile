@@ -10,11 +10,11 @@ TORCH   ?= torch==2.13.0
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q '$(TORCH)'
-	$(BIN)/python -m pip install -q -e '.[dev,plot,runtime,jax]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,plot,runtime,jax,frameworks]'
 	touch $(STAMP)
 
 # The main job: plan protein-3.5b for the five seed systems; then calibrate this machine on
