@@ -27,6 +27,17 @@ EXAMPLES = {
     "protein-3.5b_frontier_2048n_dpo.yaml": "--model protein-3.5b --machine frontier --nodes 2048 --workload dpo",
     "protein-3.5b_leonardo_1500n_dpo.yaml": "--model protein-3.5b --machine leonardo --nodes 1500 --workload dpo",
     "protein-3.5b_pdx_400n_dpo.yaml": "--model protein-3.5b --machine pdx --nodes 400 --workload dpo",
+    # Plans for the field's frameworks (docs/frameworks/; `exaplan export` writes their files): the
+    # seed paper's own run (Megatron-DeepSpeed, DPO, 38,400 Aurora tiles: its authors' layout is
+    # re-found), and one per other framework on the machines they are run on.
+    "frameworks/protein-3.5b_aurora_3200n_deepspeed_dpo.yaml": "--model protein-3.5b --machine aurora --nodes 3200 "
+                                                              "--framework deepspeed --workload dpo --global-batch 2457600",
+    "frameworks/protein-7b_dgx-h100_16n_megatron.yaml": "--model protein-7b --machine dgx-h100 --nodes 16 "
+                                                        "--global-batch 1024 --framework megatron",
+    "frameworks/protein-70b_frontier_64n_torchtitan.yaml": "--model protein-70b --machine frontier --nodes 64 "
+                                                           "--global-batch 512 --framework torchtitan",
+    "frameworks/protein-3.5b_dgx-h100_8n_maxtext.yaml": "--model protein-3.5b --machine dgx-h100 --nodes 8 "
+                                                        "--global-batch 512 --framework maxtext",
     # One GPU (benchmarks/gpu_check.py): the runtime benchmark's workload, and protein-3.5b in bf16.
     "gpu/demo_1gpu.yaml": "--model protein-small --machine dgx-h200 --set machine.devices_per_node=1 --global-batch 4 "
                           "--seq-len 128 --precision fp32 --mbs 4 --recompute none --draws 0",
