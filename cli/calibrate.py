@@ -1,6 +1,7 @@
 """`exaplan calibrate`: measure this machine and write its machine model, refit the model's
-figures from runs that `exaplan run` made (`--from-runs`), or read what a training log's
-collectives reached on the NICs (`--from-comms-log`)."""
+figures from runs that `exaplan run` made (`--from-runs`), read what a training log's
+collectives reached on the NICs (`--from-comms-log`), or read a training framework's log back
+against the plan it ran (`--from-log`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def add_parser(sub) -> None:
                                    "backend, fit the machine model's figures, and write a MachineModel YAML (raw "
                                    "measurements beside it). `--from-runs` refits the efficiency figures from runs that "
                                    "`exaplan run` made; `--from-comms-log` reads what a training run's collectives "
-                                   "reached on a machine's NICs from DeepSpeed's comms-logger lines.")
+                                   "reached on a machine's NICs from DeepSpeed's comms-logger lines; `--from-log` reads "
+                                   "a Megatron-LM, Megatron-DeepSpeed, DeepSpeed or torchtitan log back against the "
+                                   "plan it ran, and can record the run for `--from-runs`.")
     k.add_argument("--ranks", type=int, default=2, help="ranks (devices) to measure between (default 2)")
     k.add_argument("--quick", action="store_true", help="fewer sizes and repeats: under a minute on a laptop")
     k.add_argument("--base", default=None, help="machine model to start from (default: the detected local machine)")
@@ -33,6 +36,22 @@ def add_parser(sub) -> None:
                         "machine file's inter_node_efficiency (calibration/comms_log.py); needs --group-size")
     k.add_argument("--group-size", type=int, metavar="N",
                    help="with --from-comms-log: the logged collectives' group (the data-parallel degree)")
+    from calibration.framework_logs import FORMATS, WARMUP_LINES
+
+    fl = k.add_argument_group("a framework's log against its plan (--from-log: calibration/framework_logs.py)")
+    fl.add_argument("--from-log", metavar="LOG",
+                    help="read a training framework's per-iteration lines (Megatron-LM, Megatron-DeepSpeed, DeepSpeed, "
+                         "torchtitan) and print the measured step time, tokens/s, TFLOP/s, MFU and peak memory (median, "
+                         "p10, p90) against --plan's prediction and interval; refuses a log whose batch, sequence, "
+                         "world size, degrees or model differ from the plan's")
+    fl.add_argument("--plan", metavar="PLAN", help="with --from-log: the plan file the run was made from (required)")
+    fl.add_argument("--log-format", choices=FORMATS, help="with --from-log: the framework that wrote it (default: detected)")
+    fl.add_argument("--warmup", type=int, metavar="N",
+                    help=f"with --from-log: iteration lines left out at the start (default {WARMUP_LINES})")
+    fl.add_argument("--record", metavar="DIR",
+                    help="with --from-log: also write the run as DIR/plan.yaml and DIR/summary.json, a run folder that "
+                         "`exaplan calibrate --from-runs DIR ... --base MACHINE` refits from (its step time; the plan "
+                         "must be of the log's framework profile)")
     arr = k.add_argument_group("calibrate on arrival (--arrival: calibration/arrival.py)")
     arr.add_argument("--arrival", action="store_true",
                      help="measure, run a short validation sweep of --layouts layouts through `exaplan run`, refit from "
@@ -52,6 +71,7 @@ def add_parser(sub) -> None:
 
 
 ARRIVAL_ONLY = ("out", "layouts", "steps", "nodes", "model", "launcher")
+FROM_LOG_ONLY = ("plan", "log_format", "warmup", "record")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks <= 0:
         raise PlanError("must be a positive number of ranks", field="ranks")
+    if args.from_log or any(getattr(args, name) is not None for name in FROM_LOG_ONLY):
+        return _from_log(args)
     if args.from_comms_log or args.group_size is not None:
         return _from_comms_log(args)
     if args.arrival:
@@ -183,3 +205,73 @@ def _from_comms_log(args) -> int:
     else:
         c.print("no allreduce of the gradient's size in the log: nothing to suggest", markup=False, highlight=False)
     return 0
+
+
+def _from_log(args) -> int:
+    """A framework's log against the plan it ran; optionally recorded as a run folder."""
+    from calibration.framework_logs import WARMUP_LINES, compare, read_log, record_run
+    from planner.schema.plan import load_plan
+
+    if not args.from_log:
+        name = next(n for n in FROM_LOG_ONLY if getattr(args, n) is not None)
+        raise PlanError("only with --from-log", field=f"--{name.replace('_', '-')}")
+    for name, given in (("--from-runs", args.from_runs), ("--from-comms-log", args.from_comms_log),
+                        ("--arrival", args.arrival), ("--group-size", args.group_size is not None)):
+        if given:
+            raise PlanError("--from-log reads one log against its plan; leave out " + name, field=name)
+    if not args.plan:
+        raise PlanError("give the plan file the run was made from", field="--plan")
+    if not Path(args.plan).is_file():
+        raise PlanError(f"no such file: {args.plan}", field="--plan")
+    plan = load_plan(args.plan)
+    log = read_log(args.from_log, args.log_format)
+    result = compare(log, plan, WARMUP_LINES if args.warmup is None else args.warmup, plan_path=args.plan)
+    if args.record:
+        result["recorded"] = str(record_run(result, plan, args.plan, args.record))
+    if args.json:
+        print_json(result)
+        return 0
+    _print_from_log(result, plan)
+    return 0
+
+
+def _print_from_log(result: dict, plan) -> None:
+    from rich.table import Table
+
+    def fmt(x, unit):
+        if x is None:
+            return ""
+        if unit == "":
+            return f"{x:.1%}"
+        return f"{x:,.4g}" if abs(x) < 1e4 else f"{x:,.0f}"
+
+    t = Table(title=f"{result['log']} ({result['format']}, steps {result['first_step']}-{result['last_step']}: "
+                    f"{result['steps_measured']} lines after {result['warmup_lines_excluded']} of warm-up) against "
+                    f"{result['plan']}")
+    for col in ("", "median", "p10", "p90", "predicted", "interval", "inside", "error"):
+        t.add_column(col, justify="left" if col == "" else "right", no_wrap=col == "")
+    for r in result["rows"]:
+        u = r["unit"]
+        name = r["what"] + (f" ({u})" if u and u not in r["what"] else "")
+        interval = "" if r["interval"] is None else f"{fmt(r['interval'][0], u)} - {fmt(r['interval'][1], u)}"
+        inside = {None: "", True: "yes", False: "no"}[r["inside"]]
+        err = "" if r["error"] is None else f"{r['error']:+.1%}"
+        t.add_row(name, fmt(r["median"], u), fmt(r["p10"], u), fmt(r["p90"], u), fmt(r["predicted"], u), interval,
+                  inside, err)
+    c = console()
+    c.print(t)
+    for r in result["rows"]:
+        c.print(f"{r['what']}: {r['source']}", markup=False)
+    if result["checked"]:
+        c.print("the log's statements equal the plan's: " + "; ".join(
+            f"{x['description']} {x['log']} (line {x['line']})" for x in result["checked"]), markup=False)
+    if result["repeated_lines"]:
+        c.print(f"{result['repeated_lines']} iteration lines repeat a step already read (other ranks): the first kept",
+                markup=False)
+    for note in result["notes"]:
+        c.print("note: " + note, markup=False)
+    if result["uncertainty_basis"]:
+        c.print(f"intervals: {result['uncertainty_basis']}", markup=False)
+    if result.get("recorded"):
+        c.print(f"recorded {result['recorded']}/summary.json and plan.yaml; refit with: exaplan calibrate --from-runs "
+                f"{result['recorded']} ... --base {plan.machine.name} -o fitted.yaml", markup=False)
