@@ -148,6 +148,7 @@ class FrameworkLog:
     memory_gib: float | None = None
     memory_measure: str | None = None
     repeated_lines: int = 0  # iteration lines of a step already read (other ranks' copies)
+    comms_lines: int = 0  # DeepSpeed comms-logger lines (calibration/comms_log.py reads them)
 
 
 def _num(s: str) -> float:
@@ -289,7 +290,10 @@ def read_log(path: str | Path, fmt: str | None = None) -> FrameworkLog:
         raise PlanError(f"no such file: {path}", field="--from-log")
     if fmt is not None and fmt not in FORMATS:
         raise PlanError(f"unknown log format {fmt!r}; known: {', '.join(FORMATS)}", field="--log-format")
-    lines = [_ANSI.sub("", ln) for ln in p.read_text(errors="replace").splitlines()]
+    from calibration.comms_log import parse as comms_lines
+
+    text = p.read_text(errors="replace")
+    lines = [_ANSI.sub("", ln) for ln in text.splitlines()]
     lines = ["" if ln.lstrip().startswith("#") else ln for ln in lines]  # a sample's header comments
     fmt = fmt or detect_format(lines)
     if fmt is None:
@@ -297,6 +301,7 @@ def read_log(path: str | Path, fmt: str | None = None) -> FrameworkLog:
                         field="--from-log")
     log = FrameworkLog(str(path), fmt, [])
     _statements(lines, log)
+    log.comms_lines = len(comms_lines(text))
     {"megatron": _megatron, "megatron-deepspeed": _megatron, "deepspeed": _deepspeed, "torchtitan": _torchtitan}[fmt](lines, log)
     if not log.steps:
         raise PlanError(f"no {fmt} iteration lines with a step time or throughput in {path}", field="--from-log")
@@ -402,6 +407,10 @@ def compare(log: FrameworkLog, plan, warmup: int = WARMUP_LINES, plan_path: str 
                and not any(getattr(s, k, None) is not None for s in steps)]
     if missing:
         notes.append("the log does not state its " + ", ".join(_WHAT[k] for k in missing) + ": taken as the plan's")
+    if log.comms_lines:
+        notes.append(f"the log also holds {log.comms_lines} DeepSpeed comms-logger lines: `exaplan calibrate "
+                     f"--from-comms-log {log.path} --group-size {plan.mesh.dp} --base {plan.machine.name}` reads what "
+                     "its collectives reached on the NICs")
     return dict(log=log.path, format=log.format, plan=plan_path, framework_profile=plan.job.framework.name,
                 lines=len(log.steps), repeated_lines=log.repeated_lines, warmup_lines_excluded=min(warmup, len(log.steps)),
                 steps_measured=len(steps), first_step=steps[0].step, last_step=steps[-1].step, checked=checked,

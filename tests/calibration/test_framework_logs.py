@@ -236,6 +236,10 @@ def test_cli_lumi_log_against_its_plan_json(plans, capsys):
     assert checked["job.global_batch"] == 1024 and checked["job.seq_len"] == 2048 and checked["nodes"] == 128
     assert checked["mesh.tp"] == 8 and checked["model.layers"] == 70
     assert any("'exaplan' framework profile" in n for n in result["notes"])
+    # its comms-logger line is calibration/comms_log.py's: the note points there
+    comms = sum("comm op:" in ln for ln in body(LUMI))
+    assert comms == 1 and any(f"{comms} DeepSpeed comms-logger lines" in n and "--from-comms-log" in n
+                              for n in result["notes"])
 
 
 def test_cli_prints_a_table(plans, capsys):
