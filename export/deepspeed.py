@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 
-from export.base import Derived, Export, env_script
+from export.base import EXPORT_DIR, Derived, Export, env_script
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan, Precision, Recompute, Sharding
 
@@ -196,8 +196,11 @@ def export(plan: Plan, target: str) -> Export:
         "deepspeed_env": "".join(f"{k}={v}\n" for k, v in sorted(plan.collectives.env.items())),
         "launch.txt": launch_text(plan, config, notes),
     }
+    # What each rank passes to the user's script (`exaplan launch --framework deepspeed --entry
+    # train.py`): deepspeed.add_config_arguments' flags, read by deepspeed.initialize(args=...).
+    argv = ["--deepspeed", "--deepspeed_config", f"{EXPORT_DIR}/ds_config.json"]
     return Export(target=target, files=files, derived=Derived.of(plan), notes=notes,
-                  versions={"deepspeed": DEEPSPEED_VERSION})
+                  versions={"deepspeed": DEEPSPEED_VERSION}, argv=argv)
 
 
 def model_notes(plan: Plan) -> list[str]:
@@ -242,8 +245,9 @@ def launch_text(plan: Plan, config: dict, notes: list[str]) -> str:
         f"DeepSpeed {DEEPSPEED_VERSION}: {plan.model.name} on {n} x {plan.machine.name} ({r} ranks a node, {w} "
         f"ranks, all data-parallel), ZeRO stage {stage}, {plan.job.precision.value}.",
         f"Batch: {config['train_micro_batch_size_per_gpu']} per rank x {config['gradient_accumulation_steps']} "
-        f"accumulation x {plan.mesh.dp} ranks = train_batch_size {config['train_batch_size']}"
-        + (" pairs." if plan.job.workload.value == "dpo" else " sequences") + f" of {plan.job.seq_len} tokens.",
+        f"accumulation x {plan.mesh.dp} ranks = train_batch_size {config['train_batch_size']} "
+        + ("(chosen, rejected) pairs" if plan.job.workload.value == "dpo" else "sequences")
+        + f" of {plan.job.seq_len} tokens.",
         f"Plan: {plan.provenance.command}",
         "",
         "Your training script (train.py here) calls deepspeed.add_config_arguments(parser) and",
@@ -251,13 +255,14 @@ def launch_text(plan: Plan, config: dict, notes: list[str]) -> str:
         "then, per micro-batch of train_micro_batch_size_per_gpu samples: loss = ...; engine.backward(loss); engine.step()",
         "(DeepSpeed steps the optimizer every gradient_accumulation_steps micro-batches).",
         "",
-        "One node:",
-        f"  source env.sh && deepspeed --num_gpus {r} train.py --deepspeed --deepspeed_config ds_config.json",
     ]
-    if n > 1:
+    if n == 1:
+        lines += ["On its node:",
+                  f"  source env.sh && deepspeed --num_gpus {r} train.py --deepspeed --deepspeed_config ds_config.json"]
+    else:
         lines += [
-            f"{n} nodes (pdsh; hostfile: {n} lines 'HOSTNAME slots={r}'; DS_ENV_FILE carries env.sh's variables to "
-            "every node):",
+            f"On {n} nodes (pdsh; hostfile: {n} lines 'HOSTNAME slots={r}'; DS_ENV_FILE carries env.sh's variables "
+            "to every node):",
             f"  DS_ENV_FILE=$PWD/deepspeed_env deepspeed --hostfile hostfile --num_nodes {n} --num_gpus {r} "
             "--master_addr FIRST_HOST train.py --deepspeed --deepspeed_config ds_config.json",
         ]
