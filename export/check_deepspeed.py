@@ -26,7 +26,6 @@ from planner.schema.errors import PlanError
 from planner.schema.plan import Plan
 
 PINNED = "0.19.8"
-_started = False
 
 
 def missing() -> str | None:
@@ -135,18 +134,15 @@ def _env(**values):
 
 
 def start() -> None:
-    """deepspeed.init_distributed over gloo with a one-rank world, once per process (the
-    launch variables set only while it starts)."""
-    global _started
-    if _started:
-        return
+    """deepspeed.init_distributed over gloo with a one-rank world, where no process group is up
+    (once per process, or again after someone destroyed it: DeepSpeed asks torch.distributed);
+    the launch variables are set only while it starts."""
     import deepspeed
     import deepspeed.comm as dist
 
     if not dist.is_initialized():
         with _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"):
             deepspeed.init_distributed("gloo", auto_mpi_discovery=False, verbose=False)
-    _started = True
 
 
 def parse(text: str) -> dict:
