@@ -292,6 +292,7 @@ def args_script(plan: Plan, target: str, args: list[list[str]]) -> str:
              f"# {plan.nodes} nodes x {plan.ranks_per_node} ranks = {plan.world_size}: tp {plan.mesh.tp}, pp {plan.mesh.pp}, "
              f"cp {plan.mesh.cp}, dp {plan.mesh.dp}; global batch {plan.job.global_batch}"
              + (" pairs" if dpo else "") + ".",
+             "# shellcheck disable=SC2034  # read by the launch that sources this file",
              "MEGATRON_ARGS=("]
     lines += ["    " + " ".join(shlex.quote(t) for t in a) for a in args]
     lines.append(")")
