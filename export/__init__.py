@@ -13,6 +13,7 @@ that framework is installed (the `frameworks` extra).
 
 from __future__ import annotations
 
-from export.base import TARGETS, Derived, Export, export_plan, target_profile, write_export
+from export.base import Derived, Export, write_export
+from export.registry import TARGETS, export_plan, target_profile
 
 __all__ = ["TARGETS", "Derived", "Export", "export_plan", "target_profile", "write_export"]
