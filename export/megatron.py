@@ -18,7 +18,7 @@ import json
 import math
 import shlex
 
-from export.base import Derived, Export, env_script
+from export.base import EXPORT_DIR, Derived, Export, env_script
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan, Precision, Recompute, Schedule, Sharding
 
@@ -51,7 +51,12 @@ def export(plan: Plan, target: str) -> Export:
 
         files["ds_config.json"] = json.dumps(ds_config(plan), indent=1) + "\n"
         versions = {"Megatron-DeepSpeed": FORK, "deepspeed": DEEPSPEED}
-    return Export(target=target, files=files, derived=Derived.of(plan), notes=notes, versions=versions)
+    # What each rank passes to the entry point (`exaplan launch --framework`): args.txt's words,
+    # ds_config.json where it was written.
+    argv = [f"{EXPORT_DIR}/ds_config.json" if w == "ds_config.json" else w for a in args for w in a]
+    entry = "dpo_training.py" if plan.job.workload.value == "dpo" else "pretrain_gpt.py"
+    return Export(target=target, files=files, derived=Derived.of(plan), notes=notes, versions=versions, argv=argv,
+                  entry=entry)
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,6 +231,8 @@ def core_args(plan: Plan, notes: list[str]) -> list[list[str]]:
     out += _model(plan, fork=False)
     out.append(["--attention-backend", "flash" if plan.machine.flash_attention else "unfused"])
     out.append(["--distributed-backend", BACKENDS["megatron"][plan.machine.collective_library.value]])
+    # Every step's time and TFLOP/s in the log, to read against the plan's prediction.
+    out += [["--log-interval", "1"], ["--log-throughput"]]
     _vocab_note(plan, notes)
     notes.append("data and optimizer are not in the plan: add --data-path (or --mock-data) and --lr etc. "
                  "(args.sh shows where); --optimizer adam is Megatron's AdamW (decoupled weight decay)")
@@ -241,7 +248,8 @@ def fork_args(plan: Plan, notes: list[str]) -> list[list[str]]:
         out.append(["--use-flash-attn-builder"] if intel else ["--use-flash-attn-v2"])
     out += [["--optimizer", "adamw"],
             ["--distributed-backend", BACKENDS["megatron-deepspeed"][plan.machine.collective_library.value]],
-            ["--deepspeed"], ["--deepspeed_config", "ds_config.json"], ["--zero-stage", str(ZERO_STAGE[plan.sharding.kind])]]
+            ["--deepspeed"], ["--deepspeed_config", "ds_config.json"], ["--zero-stage", str(ZERO_STAGE[plan.sharding.kind])],
+            ["--log-interval", "1"]]
     if plan.recompute == Recompute.selective and plan.machine.flash_attention:
         notes.append("recompute selective: the fork checkpoints the attention core only where it is unfused; with "
                      "FlashAttention it keeps no scores to drop (the plan counts none) and replays nothing")
@@ -294,7 +302,10 @@ def args_script(plan: Plan, target: str, args: list[list[str]]) -> str:
              + (" pairs" if dpo else "") + ".",
              "# shellcheck disable=SC2034  # read by the launch that sources this file",
              "MEGATRON_ARGS=("]
-    lines += ["    " + " ".join(shlex.quote(t) for t in a) for a in args]
+    if fork:  # ds_config.json beside this file, wherever the job starts
+        lines.insert(-2, 'EXPORT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"')
+    lines += ["    " + " ".join('"$EXPORT_DIR/ds_config.json"' if t == "ds_config.json" else shlex.quote(t) for t in a)
+              for a in args]
     lines.append(")")
     data = ("--data-file-list-p chosen.txt --data-file-list-u rejected.txt --split 100,0,0" if dpo
             else "--data-path /path/to/tokens_text_document --split 99,1,0")
@@ -309,7 +320,7 @@ def args_script(plan: Plan, target: str, args: list[list[str]]) -> str:
               '#       --rdzv-endpoint "$MASTER_ADDR:29500" \\',
               f'#       {script} "${{MEGATRON_ARGS[@]}}" "${{DATA_ARGS[@]}}" "${{OPT_ARGS[@]}}"']
     if fork:
-        lines += ["# (from the fork's checkout, beside ds_config.json; the MProt-DPO runs launched with mpiexec:",
+        lines += ["# (from the fork's checkout; the MProt-DPO runs launched with mpiexec:",
                   f"#   mpiexec -n {plan.world_size} --ppn {plan.ranks_per_node} python3 {script} \"${{MEGATRON_ARGS[@]}}\" ...)"]
     else:
         lines.append("# (from the Megatron-LM checkout of megatron-core " + MEGATRON_CORE + ")")
