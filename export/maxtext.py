@@ -109,6 +109,10 @@ def refuse(plan: Plan) -> None:
         raise PlanError(f"MaxText has no {plan.sharding.kind.value}: its shardings are data (replicas), fsdp "
                         "(parameters resharded, as XLA schedules the gathers), both, and ZeRO-1 "
                         "(shard_optimizer_over_data)", field="sharding.kind")
+    if mesh.cp > 1 and plan.sharding.kind in (Sharding.none, Sharding.zero1):
+        raise PlanError(f"MaxText shards the weights over its context axis too (base.yml's logical rule 'embed': fsdp, "
+                        f"context, ...), so {plan.sharding.kind.value}'s replicated weights cannot have cp > 1; "
+                        "fsdp and hsdp shard over dp_shard x cp as MaxText does", field="sharding.kind")
     if plan.recompute == Recompute.none and mesh.pp == 1:
         raise PlanError("MaxText 0.2.5 without pipelining always rematerialises its layers: pyconfig turns "
                         "remat_policy 'none' into None and the decoder wraps each layer in jax.checkpoint with it "
