@@ -12,7 +12,6 @@ import json
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -317,11 +316,16 @@ def test_the_cli_refuses_naming_the_field_and_writes_nothing(tmp_path, capsys):
 @needs_torchtitan
 def test_the_config_module_runs_as_torchtitans_entry_point(tmp_path):
     """`python exaplan_protein.py ARGS` (exaplan launch --entry) is torchtitan.train, with the export
-    folder importable: --help parses the plan's config through it."""
+    folder importable: its main() parses the plan's overrides, then (in torchtitan's local_tensor
+    mode, the one that needs no GPU) stops before building the trainer; a bad override exits 2."""
     plan = load_plan(ROOT / "plans/protein-7b_dgx-h100_16n.yaml")
     exported = export_plan(plan, "torchtitan")
     write_export(exported, tmp_path / "titan")
-    p = subprocess.run([sys.executable, str(tmp_path / "titan" / f"{tt.MODULE}.py"), *exported.argv, "--help"],
+    script = str(tmp_path / "titan" / f"{tt.MODULE}.py")
+    p = subprocess.run([sys.executable, script, *exported.argv, "--comm.mode", "local_tensor"],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "--parallelism.data-parallel-shard-degree" in p.stdout and "(default: 128)" in p.stdout
+    assert "torchtitan version: 0.3.0" in p.stderr + p.stdout and "skipping training execution" in p.stderr + p.stdout
+    p = subprocess.run([sys.executable, script, *exported.argv, "--parallelism.tensor_parallel_degre", "2"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 2
