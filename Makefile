@@ -15,6 +15,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q '$(TORCH)'
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,plot,runtime,jax,frameworks]'
+	# Megatron-LM's training package and MaxText ship Python 3.12 wheels only: their pure-Python
+	# sources unpacked under .venv/frameworks/ for exaplan export --check (docs/frameworks/).
+	$(BIN)/python -m export.fetch_megatron
+	$(BIN)/python -m export.fetch_maxtext
+	# DeepSpeed's CPU shared-memory op, built once here rather than in the first test
+	DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
 	touch $(STAMP)
 
 # The main job: plan protein-3.5b for the five seed systems; then calibrate this machine on

@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
                    "plan is exported beside the script (--export-dir) and each rank runs --entry with its arguments")
     p.add_argument("--entry", metavar="SCRIPT", help="the framework's entry point (--framework): a .py script "
                    "(Megatron-LM's pretrain_gpt.py, your DeepSpeed train.py) or a module run with -m (torchtitan.train, "
-                   "MaxText.train)")
+                   "maxtext.trainers.pre_train.train)")
     p.add_argument("--export-dir", metavar="DIR", help="where --framework writes the exported files (default: "
                    "beside the job script, SCRIPT-TARGET/)")
     p.add_argument("-o", "--output", required=True, help="the job script to write")

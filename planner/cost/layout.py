@@ -174,7 +174,7 @@ class Space:
         ok_mesh = np.isin(self.meshes.sharding, [SHARDINGS.index(s) for s in framework.shardings])
         if framework.replicate_alone:
             m = self.meshes
-            ok_mesh &= ~((m.sharding == SH_NONE) & (m.dp_replicate * m.dp_shard > 1) & ((m.pp > 1) | (m.cp > 1) | (m.tp > 1)))
+            ok_mesh &= ~((m.sharding == SH_NONE) & (((m.dp_replicate * m.dp_shard > 1) & ((m.pp > 1) | (m.tp > 1))) | (m.cp > 1)))
         u = self.units
         ok_unit = (((u.sp == 0) | framework.sequence_parallel) & ((u.pp == 1) | framework.pipeline_parallel)
                    & ((u.cp == 1) | framework.context_parallel)
@@ -235,7 +235,7 @@ def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0, la
         if framework.even_stages and layers is not None and layers % (lay.pp[i] * lay.vpp[i]):
             out.append(f"pp: {framework.name} splits the layers evenly; pp x vpp = {lay.pp[i] * lay.vpp[i]} does not divide "
                        f"{layers} layers")
-    if (framework.replicate_alone and lay.sharding[i] == SH_NONE and lay.dp[i] > 1
-            and max(lay.pp[i], lay.cp[i], lay.tp[i]) > 1):
+    if framework.replicate_alone and lay.sharding[i] == SH_NONE and (lay.cp[i] > 1 or (
+            lay.dp[i] > 1 and max(lay.pp[i], lay.tp[i]) > 1)):
         out.append(f"shard: {framework.name} runs DDP (none) only as the one parallelism; with pp, cp or tp use fsdp or hsdp")
     return out

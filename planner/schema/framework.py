@@ -126,7 +126,8 @@ class FrameworkProfile(Spec):
         None, description="Shardings the framework runs together with pipeline parallelism (DeepSpeed's pipeline "
                           "engine: ZeRO stages 0-1); None: all of `shardings`.")
     replicate_alone: bool = Field(False, description="Sharding none (DDP) only without tensor, pipeline or context "
-                                                     "parallelism (torchtitan: DDP does not compose with them).")
+                                                     "parallelism, and never with cp > 1 (torchtitan: DDP does not "
+                                                     "compose with them; context parallelism shards over dp_shard x cp).")
 
     @model_validator(mode="after")
     def _check(self) -> "FrameworkProfile":
@@ -202,7 +203,9 @@ def layout_refusals(profile: FrameworkProfile, *, layers: int, pp: int, vpp: int
             elif stages and any(b - a != layers // chunks for a, b in stages):
                 out.append(f"pipeline.stages: {name} splits the layers evenly ({layers // chunks} a stage); the plan's "
                            f"stages hold {', '.join(str(b - a) for a, b in stages)}")
-    if profile.replicate_alone and sharding == Sharding.none and dp_replicate * dp_shard > 1 and max(pp, cp, tp) > 1:
+    if profile.replicate_alone and sharding == Sharding.none and cp > 1:
+        out.append(f"sharding.kind: {name} shards the parameters over the context-parallel ranks; with cp {cp} use fsdp or hsdp")
+    elif profile.replicate_alone and sharding == Sharding.none and dp_replicate * dp_shard > 1 and max(pp, cp, tp) > 1:
         out.append(f"sharding.kind: {name} runs DDP (sharding none) only as the one parallelism; with pp {pp}, cp {cp}, "
                    f"tp {tp} use fsdp or hsdp")
     return out
