@@ -253,18 +253,8 @@ def train_script(plan: Plan, args: list[list[str]]) -> str:
     ])
 
 
-def config_module(plan: Plan) -> str:
-    """exaplan_protein.py: torchtitan's Llama 3 model config at the plan's shape."""
-    m = plan.model
-    return f'''"""torchtitan {VERSION} config module of an exaplan plan: `--module {MODULE} --config {CONFIG_FN}`.
-
-{plan.provenance.command}
-
-The protein Llama of the plan built from torchtitan's own Llama 3 parts (GQA attention with
-fused QKV and rotary embeddings, SwiGLU feed-forward, RMSNorm), parallelized and pipelined by
-torchtitan's llama3 functions. Written by `exaplan export --to torchtitan`.
-"""
-
+# exaplan_protein.py after its constants: torchtitan's Llama 3 parts at the shape they give.
+CONFIG_BODY = '''
 from functools import partial
 
 import torch.nn as nn
@@ -280,21 +270,12 @@ from torchtitan.models.llama3 import parallelize_llama
 from torchtitan.models.llama3.model import Llama3Model, Llama3TransformerBlock
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
+'''
 
-LAYERS = {m.layers}
-DIM = {m.hidden}
-HEADS = {m.heads}
-KV_HEADS = {m.kv_heads}
-FFN_HIDDEN = {m.ffn_hidden}
-VOCAB = {m.vocab_size}
-SEQ_LEN = {max(plan.job.seq_len, m.seq_len)}
-TIED = {m.tied_embeddings}
-ATTENTION = {ATTENTION!r}
-ROPE_THETA = {ROPE_THETA!r}
-
+CONFIG_FUNCTIONS = '''
 
 def _normal(std):
-    return {{"weight": partial(nn.init.trunc_normal_, std=std, a=-3 * std, b=3 * std), "bias": nn.init.zeros_}}
+    return {"weight": partial(nn.init.trunc_normal_, std=std, a=-3 * std, b=3 * std), "bias": nn.init.zeros_}
 
 
 def _load_protein(path):
@@ -312,7 +293,7 @@ DATASETS["protein"] = DatasetConfig(path="./data/protein", loader=_load_protein,
 
 
 def model_config() -> Llama3Model.Config:
-    norm = {{"weight": nn.init.ones_}}
+    norm = {"weight": nn.init.ones_}
     rope = ComplexRoPE.Config(dim=DIM // HEADS, max_seq_len=SEQ_LEN, theta=ROPE_THETA)
     layers = []
     for i in range(LAYERS):
@@ -329,14 +310,14 @@ def model_config() -> Llama3Model.Config:
     return Llama3Model.Config(
         dim=DIM, vocab_size=VOCAB, enable_weight_tying=TIED,
         tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM,
-                                        param_init={{"weight": partial(nn.init.normal_, std=1.0)}}),
+                                        param_init={"weight": partial(nn.init.normal_, std=1.0)}),
         norm=RMSNorm.Config(normalized_shape=DIM, param_init=norm),
         lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=_normal(DIM ** -0.5)),
         layers=layers,
     )
 
 
-def {CONFIG_FN}() -> Trainer.Config:
+def exaplan_protein() -> Trainer.Config:
     spec = ModelSpec(name="llama3", flavor="exaplan-protein", model=model_config(), parallelize_fn=parallelize_llama,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=None, state_dict_adapter=None)
     return Trainer.Config(
@@ -344,8 +325,8 @@ def {CONFIG_FN}() -> Trainer.Config:
         hf_assets_path="./assets/protein-tokenizer",
         loss=CrossEntropyLoss.Config(global_vocab_size=VOCAB),
         dataloader=HuggingFaceTextDataLoader.Config(dataset="protein"),
-        training=TrainingConfig(seq_len={plan.job.seq_len}),
-        activation_checkpoint={CHECKPOINTING[plan.recompute][1]},  # the plan's recompute: {plan.recompute.value}
+        training=TrainingConfig(seq_len=TRAIN_SEQ_LEN),
+        activation_checkpoint=CHECKPOINTING,  # the plan's recompute
     )
 
 
@@ -354,3 +335,21 @@ if __name__ == "__main__":  # python exaplan_protein.py ARGS: torchtitan.train, 
 
     main()
 '''
+
+
+def config_module(plan: Plan) -> str:
+    """exaplan_protein.py: torchtitan's Llama 3 model config at the plan's shape (the plan's
+    figures as constants, then CONFIG_FUNCTIONS, which read them)."""
+    m = plan.model
+    constants = {"LAYERS": m.layers, "DIM": m.hidden, "HEADS": m.heads, "KV_HEADS": m.kv_heads, "FFN_HIDDEN": m.ffn_hidden,
+                 "VOCAB": m.vocab_size, "SEQ_LEN": max(plan.job.seq_len, m.seq_len), "TRAIN_SEQ_LEN": plan.job.seq_len,
+                 "TIED": m.tied_embeddings, "ATTENTION": ATTENTION, "ROPE_THETA": ROPE_THETA}
+    header = (f'"""torchtitan {VERSION} config module of an exaplan plan: `--module {MODULE} --config {CONFIG_FN}`.\n\n'
+              "The protein Llama of the plan built from torchtitan's own Llama 3 parts (GQA attention with\n"
+              "fused QKV and rotary embeddings, SwiGLU feed-forward, RMSNorm), parallelized and pipelined by\n"
+              "torchtitan's llama3 functions. Written by `exaplan export --to torchtitan` from the plan this\n"
+              "command made:\n"
+              '"""\n' + "".join(f"# {line}\n" for line in plan.provenance.command.splitlines()))
+    lines = [f"{k} = {v!r}" for k, v in constants.items()]
+    lines.append(f"CHECKPOINTING = {CHECKPOINTING[plan.recompute][1]}  # recompute: {plan.recompute.value}")
+    return header + CONFIG_BODY + "\n" + "\n".join(lines) + "\n" + CONFIG_FUNCTIONS
