@@ -112,11 +112,11 @@ def _framework(args: argparse.Namespace, plan, machine) -> int:
         raise PlanError(f"unknown framework {args.framework!r}; exaplan export's targets: {', '.join(TARGETS)}",
                         field="--framework")
     exported = export_plan(plan, args.framework)
-    entry = args.entry or exported.entry
-    if not entry:
-        raise PlanError(f"{args.framework} has no usual entry point: give --entry (your training script)", field="--entry")
     script = Path(args.output)
     folder = Path(args.export_dir) if args.export_dir else script.with_name(f"{script.stem}-{args.framework}")
+    entry = args.entry or exported.entry_in(folder)
+    if not entry:
+        raise PlanError(f"{args.framework} has no usual entry point: give --entry (your training script)", field="--entry")
     job = launch.framework_job(plan, machine, args, args.framework, entry, exported.argv_in(folder))
     write_export(exported, folder, args.plan)
     launch.write_script(job)

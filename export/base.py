@@ -56,6 +56,9 @@ class Export:
     def argv_in(self, folder: str | Path) -> list[str]:
         return [w.replace(EXPORT_DIR, str(Path(folder).resolve())) for w in self.argv]
 
+    def entry_in(self, folder: str | Path) -> str | None:
+        return None if self.entry is None else self.entry.replace(EXPORT_DIR, str(Path(folder).resolve()))
+
 
 def write_export(export: Export, out_dir: str | Path, plan_path: str | Path | None = None) -> list[Path]:
     """Write the files into `out_dir`: a new folder, or an existing one that is empty or holds

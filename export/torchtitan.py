@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import shlex
 
-from export.base import Derived, Export, env_script
+from export.base import EXPORT_DIR, Derived, Export, env_script
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan, Precision, Recompute, Schedule, Sharding
 
@@ -75,10 +75,10 @@ def export(plan: Plan, target: str = "torchtitan") -> Export:
         f"{MODULE}.py": config_module(plan),
         "env.sh": env_script(plan),
     }
-    notes.append(f"exaplan launch --framework torchtitan: give --entry EXPORT_DIR/{MODULE}.py (torchtitan.train with "
-                 "this folder importable); torchtitan.train itself needs the folder on PYTHONPATH")
+    notes.append(f"exaplan launch --framework torchtitan runs {MODULE}.py of the export (torchtitan.train with this "
+                 "folder importable); torchtitan.train itself needs the folder on PYTHONPATH")
     return Export(target=target, files=files, derived=Derived.of(plan), notes=notes, versions={"torchtitan": VERSION},
-                  argv=[w for words in args for w in words])
+                  argv=[w for words in args for w in words], entry=f"{EXPORT_DIR}/{MODULE}.py")
 
 
 # --------------------------------------------------------------------------------------------
