@@ -4,6 +4,7 @@ export/registry.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -133,3 +134,32 @@ def env_script(plan: Plan) -> str:
              f"# {plan.provenance.command}"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(plan.collectives.env.items())]
     return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str], unset: tuple[str, ...] = ()):
+    """os.environ with `values` set and `unset` removed for the block, then as it was (the
+    framework checks set the rendezvous and world-size variables their config code reads)."""
+    saved = {k: os.environ.get(k) for k in [*values, *unset]}
+    for k in unset:
+        os.environ.pop(k, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+FETCH_MARKER = ".exaplan-fetched.json"  # what export.fetch_* unpacked into a folder, and at which version
+
+
+def fetch_marker(dest: Path) -> dict:
+    """The record export.fetch_* left in `dest` ({} where none, or unreadable)."""
+    try:
+        return json.loads((dest / FETCH_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}

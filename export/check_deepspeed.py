@@ -14,14 +14,12 @@ Importing this module imports nothing of DeepSpeed's; check() starts the process
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import importlib.util
-import os
 import socket
 from dataclasses import dataclass
 
-from export.base import Derived, Export
+from export.base import Derived, Export, environment
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan
 
@@ -119,20 +117,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def _env(**values):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def start() -> None:
     """deepspeed.init_distributed over gloo with a one-rank world, where no process group is up
     (once per process, or again after someone destroyed it: DeepSpeed asks torch.distributed);
@@ -141,7 +125,8 @@ def start() -> None:
     import deepspeed.comm as dist
 
     if not dist.is_initialized():
-        with _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"):
+        rendezvous = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        with environment(rendezvous):
             deepspeed.init_distributed("gloo", auto_mpi_discovery=False, verbose=False)
 
 

@@ -28,9 +28,8 @@ import shlex
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
-from export.base import Derived, Export
+from export.base import Derived, Export, environment
 from export.fetch_megatron import CORE_DIR, FORK_COMMIT, FORK_DIR, MEGATRON_CORE, core_ready, fork_ready
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan, Precision, Recompute, Sharding
@@ -126,22 +125,6 @@ def device_arch(plan: Plan) -> int:
     return 10 if any(k in name for k in ("B200", "B100", "GB200", "GB300", "B300")) else 9
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str], unset: tuple[str, ...] = ()):
-    saved = {k: os.environ.get(k) for k in [*values, *unset]}
-    for k in unset:
-        os.environ.pop(k, None)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def core_parse(exported: Export, plan: Plan):
     """(args, TransformerConfig, number of micro-batches) as megatron-core derives them."""
     margs = load_core()
@@ -157,7 +140,7 @@ def core_parse(exported: Export, plan: Plan):
     try:
         sys.argv = argv
         margs.get_device_arch_version = lambda: device_arch(plan)
-        with _environment(env, unset), warnings.catch_warnings(), \
+        with environment(env, unset), warnings.catch_warnings(), \
                 contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             warnings.simplefilter("ignore")
             args = margs.parse_args()

@@ -25,6 +25,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from export.base import FETCH_MARKER, fetch_marker
+
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ROOT / ".venv" / "frameworks"
 MAXTEXT = "0.2.5"
@@ -39,20 +41,13 @@ PACKAGES = ("omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3", "pathwaysutils=
             "starlette==1.10.0", "annotated-doc==0.0.7", "uvicorn==0.54.0", "transformers==5.24.0",
             "regex==2026.11.19", "grain==0.2.18", "cloudpickle==3.1.3", "portpicker==1.6.0", "array-record==0.8.6",
             "drjax==0.2.1", "jaxtyping==0.3.11", "wadler-lindig==0.1.8", "qwix==0.1.8", "aqtp==0.9.0")
-MARKER = ".exaplan-fetched.json"
+MARKER = FETCH_MARKER
 
 
 def ready(dest: Path = DEST) -> bool:
-    mark = _marker(dest)
+    mark = fetch_marker(dest)
     return (mark.get("maxtext") == MAXTEXT and mark.get("packages") == list(PACKAGES)
             and (dest / "maxtext/configs/base.yml").is_file() and (dest / "deps").is_dir())
-
-
-def _marker(dest: Path) -> dict:
-    try:
-        return json.loads((dest / MARKER).read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def fetch(dest: Path = DEST) -> str:

@@ -30,6 +30,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from export.base import FETCH_MARKER, fetch_marker
+
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ROOT / ".venv" / "frameworks"
 
@@ -47,22 +49,15 @@ FORK_DIR = FRAMEWORKS / f"megatron-deepspeed-{FORK_COMMIT[:7]}"
 # (check_megatron puts a placeholder in its place).
 FORK_PACKAGES = ("six==1.17.0", "regex==2026.11.15")
 
-MARKER = ".exaplan-fetched.json"
+MARKER = FETCH_MARKER
 
 
 def core_ready(dest: Path = CORE_DIR) -> bool:
-    return _marker(dest).get("megatron-core") == MEGATRON_CORE and (dest / "megatron/training/arguments.py").is_file()
+    return fetch_marker(dest).get("megatron-core") == MEGATRON_CORE and (dest / "megatron/training/arguments.py").is_file()
 
 
 def fork_ready(dest: Path = FORK_DIR) -> bool:
-    return _marker(dest).get("commit") == FORK_COMMIT and (dest / "megatron/arguments.py").is_file()
-
-
-def _marker(dest: Path) -> dict:
-    try:
-        return json.loads((dest / MARKER).read_text())
-    except (OSError, ValueError):
-        return {}
+    return fetch_marker(dest).get("commit") == FORK_COMMIT and (dest / "megatron/arguments.py").is_file()
 
 
 def fetch_core(dest: Path = CORE_DIR) -> str:

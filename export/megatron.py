@@ -113,7 +113,7 @@ def _refuse(plan: Plan, target: str) -> None:
                                  "which DeepSpeed's pipeline engine does not allow: pp must be 1, got " + str(mesh.pp)))
             if plan.job.reference.value != "in-step":
                 problems.append(("job.reference", "dpo_training.py runs the frozen reference model's forward in every "
-                                 f"micro-step (in-step); it cannot read precomputed log-probabilities"))
+                                 "micro-step (in-step); it cannot read precomputed log-probabilities"))
             if plan.sharding.kind == Sharding.fsdp:
                 problems.append(("sharding.kind", "dpo_training.py builds the reference model under ZeRO-3's "
                                  "partitioned init (--zero-stage 3) and then starts it without ZeRO: ZeRO stage 3 "
