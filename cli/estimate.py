@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     model, machine, job = load_inputs(args)
     lay = layout_of(args, machine)
     problems = layout_problems(model, job, args.nodes * machine.devices_per_node, lay)
-    problems += framework_problems(job.framework, lay, layers=model.layers)
+    problems += framework_problems(job.framework, lay, layers=model.layers, ranks_per_node=machine.devices_per_node,
+                                   device_name=machine.device_name, tied_embeddings=model.tied_embeddings,
+                                   workload=job.workload.value)
     if problems:
         raise PlanError("; ".join(problems))
     ev = evaluate(model, machine, job, lay)

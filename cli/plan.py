@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 # The export target of each framework profile (`plan --framework F --export DIR`).
-EXPORT_TARGET = {"megatron": "megatron", "deepspeed": "megatron-deepspeed", "torchtitan": "torchtitan", "maxtext": "maxtext"}
+EXPORT_TARGET = {"megatron": "megatron", "deepspeed": "megatron-deepspeed", "deepspeed-zero": "deepspeed",
+                 "torchtitan": "torchtitan", "maxtext": "maxtext"}
 
 
 def _export(plan, args):

@@ -8,7 +8,7 @@ import importlib
 
 from export.base import Export
 from planner.schema.errors import PlanError
-from planner.schema.framework import layout_refusals
+from planner.schema.framework import job_refusals, layout_refusals
 from planner.schema.plan import Plan
 
 # --to name -> (module under export/, the framework profile of machine_models/frameworks.yaml
@@ -16,7 +16,7 @@ from planner.schema.plan import Plan
 TARGETS: dict[str, tuple[str, str]] = {
     "megatron": ("export.megatron", "megatron"),
     "megatron-deepspeed": ("export.megatron", "deepspeed"),
-    "deepspeed": ("export.deepspeed", "deepspeed"),
+    "deepspeed": ("export.deepspeed", "deepspeed-zero"),
     "torchtitan": ("export.torchtitan", "torchtitan"),
     "maxtext": ("export.maxtext", "maxtext"),
 }
@@ -48,7 +48,15 @@ def profile_refusals(plan: Plan, target: str) -> list[str]:
         profile, layers=plan.model.layers, pp=plan.mesh.pp, vpp=plan.pipeline.virtual_stages, cp=plan.mesh.cp,
         tp=plan.mesh.tp, dp_replicate=plan.mesh.dp_replicate, dp_shard=plan.mesh.dp_shard, sharding=plan.sharding.kind,
         recompute=plan.recompute, schedule=plan.pipeline.schedule, sp=plan.sequence_parallel,
-        precision=plan.job.precision, stages=stages, target=target)
+        precision=plan.job.precision, stages=stages, target=target, gas=plan.grad_accumulation_steps,
+        ranks_per_node=plan.ranks_per_node, device_name=plan.machine.device_name,
+        tied_embeddings=plan.model.tied_embeddings, workload=plan.job.workload.value) + [
+        *job_refusals(profile, plan.job.workload.value, plan.job.reference.value, plan.machine.collective_library.value)]
+
+
+# What to do instead, by target, where its profile refuses a degree (the field's prefix).
+HINTS = {"deepspeed": ("mesh.", "tensor, pipeline and context parallelism are the model code's: export to "
+                                "megatron-deepspeed, whose Megatron model runs them")}
 
 
 def export_plan(plan: Plan, target: str) -> Export:
@@ -56,7 +64,9 @@ def export_plan(plan: Plan, target: str) -> Export:
     module = target_module(target)
     problems = profile_refusals(plan, target)
     if problems:
-        raise PlanError(f"{target} cannot run this plan: " + "; ".join(problems), field="plan")
+        prefix, hint = HINTS.get(target, (None, ""))
+        hint = f" ({hint})" if prefix and any(p.startswith(prefix) for p in problems) else ""
+        raise PlanError(f"{target} cannot run this plan: " + "; ".join(problems) + hint, field="plan")
     out = module.export(plan, target)
     if plan.job.framework.name != TARGETS[target][1]:
         out.notes.append(f"the plan was predicted with the {plan.job.framework.name!r} profile; "

@@ -139,7 +139,9 @@ def refusals(plan: Plan) -> list[tuple[str, str]]:
 
 def layer_params(plan: Plan) -> int:
     """Parameters of one transformer block: q and o (h x h), k and v (h x kv_heads x head_dim),
-    the SwiGLU's three matrices (h x ffn_hidden) and two RMSNorm scales."""
+    the SwiGLU's three matrices (h x ffn_hidden) and two RMSNorm scales (planner/cost/flops.py
+    counts the same for the blocks torchtitan builds; the profile's ddp_bucket_per_block plans
+    this bucket)."""
     m = plan.model
     kv = m.kv_heads * (m.hidden // m.heads)
     return 2 * m.hidden * m.hidden + 2 * m.hidden * kv + 3 * m.hidden * m.ffn_hidden + 2 * m.hidden

@@ -36,6 +36,22 @@ def _parse(text: str):
     return yaml.safe_load(text)
 
 
+def _fields(name: str, profiles: dict[str, dict]) -> dict:
+    """A profile's fields: those of the profile it names as `base` (and so on), its own replacing them."""
+    chain = [name]
+    while "base" in profiles[chain[-1]]:
+        base = profiles[chain[-1]]["base"]
+        if base not in profiles or base in chain:
+            why = "not a profile" if base not in profiles else "a cycle"
+            raise PlanError(f"{chain[-1]}.base: {base!r} is {why}; known: {', '.join(profiles)}", field=str(FRAMEWORKS_FILE))
+        chain.append(base)
+    fields: dict = {}
+    for link in reversed(chain):
+        fields.update(profiles[link])
+    fields.pop("base", None)
+    return fields
+
+
 def list_frameworks(path: Path = FRAMEWORKS_FILE) -> list[str]:
     """The profiles `load_framework` knows, in file order."""
     return list(_profiles(path))
@@ -52,7 +68,7 @@ def load_framework(name: str | None = None, path: Path = FRAMEWORKS_FILE, compil
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise PlanError(f"unknown framework {name!r}{hint}; known: {', '.join(profiles)}", field="framework")
     try:
-        profile = FrameworkProfile.model_validate({"name": name, **profiles[name]})
+        profile = FrameworkProfile.model_validate({"name": name, **_fields(name, profiles)})
     except ValidationError as e:
         raise PlanError(format_validation_error(e, prefix=name), field=str(path)) from None
     unknown = sorted(set(profile.cpu_figures) - set(FIGURES))

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.schema.errors import PlanError, check_name_or_path, format_validation_error
+from planner.schema.framework import job_refusals
 from planner.presets import MODEL_PRESETS, get_model
 from planner.schema.specs import (
     RENAMED_MACHINE_FIELDS, FrameworkProfile, MachineModel, ModelSpec, Precision, TrainingJob, precision_message,
@@ -134,6 +135,10 @@ def make_job(model: ModelSpec, machine: MachineModel, world: int, global_batch: 
     precision = precision or default_precision(machine, framework).value
     if framework is not None and precision in {p.value for p in Precision} and Precision(precision) not in framework.precisions:
         raise PlanError(precision_message(precision, framework), field="precision")
+    library = machine.collective_library.value
+    for problem in job_refusals(framework, workload, reference, library) if framework is not None else ():
+        field, message = problem.split(": ", 1)
+        raise PlanError(message, field=field.removeprefix("job."))
     data = {
         "global_batch": global_batch if global_batch is not None else per_rank * world,
         "reference": reference,

@@ -12,6 +12,7 @@ import numpy as np
 
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan, Recompute, Schedule, Sharding
+from planner.schema.framework import is_nvidia, layout_refusals
 from planner.schema.specs import FrameworkProfile, divisors
 
 SHARDINGS = tuple(Sharding)
@@ -166,26 +167,50 @@ class Space:
         return Space(self.units.take(units), self.meshes.take(meshes), unit.reshape(-1), mesh.reshape(-1),
                      self.gas[rows], self.schedule[rows])
 
-    def allowed_by(self, framework: FrameworkProfile, layers: int | None = None) -> np.ndarray:
+    def allowed_by(self, framework: FrameworkProfile, layers: int | None = None, *, ranks_per_node: int | None = None,
+                   device_name: str | None = None, tied_embeddings: bool = False,
+                   workload: str | None = None) -> np.ndarray:
         """Per row: whether the framework runs it (planner.schema.framework.layout_refusals,
         vectorised: its shardings, recompute levels and schedules; sequence, pipeline and
         context parallelism only where it offers them; with `layers`, even stages where it
-        needs them)."""
-        ok_mesh = np.isin(self.meshes.sharding, [SHARDINGS.index(s) for s in framework.shardings])
+        needs them; with `ranks_per_node`, `device_name` and `workload`, its node split, its
+        device-bound recompute levels and its DPO shardings)."""
+        shardings = [s for s in framework.shardings if workload != "dpo" or framework.dpo_shardings is None
+                     or s in framework.dpo_shardings]
+        ok_mesh = np.isin(self.meshes.sharding, [SHARDINGS.index(s) for s in shardings])
+        m = self.meshes
         if framework.replicate_alone:
-            m = self.meshes
             ok_mesh &= ~((m.sharding == SH_NONE) & (((m.dp_replicate * m.dp_shard > 1) & ((m.pp > 1) | (m.tp > 1))) | (m.cp > 1)))
+        if framework.node_split_axes is not None and ranks_per_node is not None:
+            left = np.full(len(m), ranks_per_node, dtype=np.int64)
+            for axis in framework.node_split_axes:
+                degree = getattr(m, axis).astype(np.int64)
+                inside = left % degree == 0
+                ok_mesh &= inside | (degree % left == 0)
+                left = np.where(inside, left // degree, 1)
         u = self.units
+        recompute = [r for r in framework.recompute_levels if not (
+            device_name is not None and r in framework.nvidia_only_recompute and not is_nvidia(device_name))]
         ok_unit = (((u.sp == 0) | framework.sequence_parallel) & ((u.pp == 1) | framework.pipeline_parallel)
                    & ((u.cp == 1) | framework.context_parallel)
-                   & np.isin(u.recompute, [RECOMPUTES.index(r) for r in framework.recompute_levels]))
+                   & ((u.tp == 1) | framework.tensor_parallel)
+                   & np.isin(u.recompute, [RECOMPUTES.index(r) for r in recompute]))
+        if workload == "dpo" and not framework.dpo_pipeline_parallel:
+            ok_unit &= u.pp == 1
+        if framework.tp_needs_sp:
+            ok_unit &= (u.tp == 1) | (u.sp == 1)
+        if tied_embeddings and not framework.pipeline_tied_embeddings:
+            ok_unit &= u.pp == 1
         if framework.even_stages and layers is not None:
             ok_unit &= (u.pp == 1) | (layers % (u.pp * u.vpp) == 0)
         ok = ok_mesh[self.mesh] & ok_unit[self.unit]
-        pipelined = self.units.pp[self.unit] > 1
+        pp = self.units.pp[self.unit]
+        pipelined = pp > 1
         ok &= ~pipelined | np.isin(self.schedule, [SCHEDULES.index(s) for s in framework.schedules])
         if framework.pipeline_shardings is not None:
             ok &= ~pipelined | np.isin(self.meshes.sharding[self.mesh], [SHARDINGS.index(s) for s in framework.pipeline_shardings])
+        if framework.microbatches_multiple_of_stages:
+            ok &= ~pipelined | (self.gas % pp == 0)
         return ok
 
     def layouts(self, rows=None) -> Layouts:
@@ -210,32 +235,14 @@ def default_shard_group(dp: int, ranks_per_node: int) -> int:
     return max(inside) if inside else min(legal)
 
 
-def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0, layers: int | None = None) -> list[str]:
-    """Why row i is not a layout the framework runs (empty when it is)."""
-    out = []
-    if SHARDINGS[lay.sharding[i]] not in framework.shardings:
-        out.append(f"shard: {framework.name} runs {', '.join(s.value for s in framework.shardings)}, not "
-                   f"{SHARDINGS[lay.sharding[i]].value}")
-    if RECOMPUTES[lay.recompute[i]] not in framework.recompute_levels:
-        out.append(f"recompute: {framework.name} offers {', '.join(r.value for r in framework.recompute_levels)}, not "
-                   f"{RECOMPUTES[lay.recompute[i]].value}")
-    if lay.sp[i] and not framework.sequence_parallel:
-        out.append(f"sp: {framework.name} has no sequence parallelism")
-    if lay.pp[i] > 1 and not framework.pipeline_parallel:
-        out.append(f"pp: {framework.name} has no pipeline parallelism (pp must be 1, got {lay.pp[i]})")
-    if lay.cp[i] > 1 and not framework.context_parallel:
-        out.append(f"cp: {framework.name} has no context parallelism (cp must be 1, got {lay.cp[i]})")
-    if lay.pp[i] > 1 and framework.pipeline_parallel:
-        schedule = SCHEDULES[lay.schedule[i]]
-        if schedule is not None and schedule not in framework.schedules:
-            out.append(f"schedule: {framework.name} runs {', '.join(s.value for s in framework.schedules)}, not {schedule.value}")
-        if not framework.pipeline_sharding_ok(SHARDINGS[lay.sharding[i]]):
-            out.append(f"shard: {framework.name} runs {', '.join(s.value for s in framework.pipeline_shardings or [])} with "
-                       f"pipeline parallelism, not {SHARDINGS[lay.sharding[i]].value}")
-        if framework.even_stages and layers is not None and layers % (lay.pp[i] * lay.vpp[i]):
-            out.append(f"pp: {framework.name} splits the layers evenly; pp x vpp = {lay.pp[i] * lay.vpp[i]} does not divide "
-                       f"{layers} layers")
-    if framework.replicate_alone and lay.sharding[i] == SH_NONE and (lay.cp[i] > 1 or (
-            lay.dp[i] > 1 and max(lay.pp[i], lay.tp[i]) > 1)):
-        out.append(f"shard: {framework.name} runs DDP (none) only as the one parallelism; with pp, cp or tp use fsdp or hsdp")
-    return out
+def framework_problems(framework: FrameworkProfile, lay: Layouts, i: int = 0, layers: int | None = None, *,
+                       ranks_per_node: int | None = None, device_name: str | None = None,
+                       tied_embeddings: bool = False, workload: str | None = None) -> list[str]:
+    """Why row i is not a layout the framework runs (empty when it is), each naming the plan's
+    field: planner.schema.framework.layout_refusals of the row."""
+    r = lay.row(i)
+    return layout_refusals(
+        framework, layers=layers, pp=r["pp"], vpp=r["vpp"], cp=r["cp"], tp=r["tp"], dp_replicate=r["dp_replicate"],
+        dp_shard=r["dp_shard"], sharding=SHARDINGS[r["sharding"]], recompute=RECOMPUTES[r["recompute"]],
+        schedule=SCHEDULES[r["schedule"]], sp=bool(r["sp"]), precision=None, gas=r["gas"],
+        ranks_per_node=ranks_per_node, device_name=device_name, tied_embeddings=tied_embeddings, workload=workload)

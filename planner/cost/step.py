@@ -410,6 +410,8 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
     The machine is taken as the job's framework uses it (figures.framework_machine); the
     DDP bucket sizes default to the framework's."""
     machine = framework_machine(machine, job.framework)
+    if not ddp_buckets_mb and job.framework.ddp_bucket_per_block:
+        ddp_buckets_mb = (flops.layer_params(model) * 4 / 2**20,)  # one block's fp32 gradients (MiB, as torch's bucket_cap_mb)
     ddp_buckets_mb = tuple(map(float, ddp_buckets_mb or job.framework.ddp_buckets_mb))
     tiers = link_tiers(machine)
     algos = offered_algorithms(machine)

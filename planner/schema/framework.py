@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from planner.schema.bounds import Fraction, Name, Spec, Text, Time
-from planner.schema.machine import MachineModel, Precision
+from planner.schema.machine import CollectiveLibrary, MachineModel, Precision
 
 
 class Sharding(str, Enum):
@@ -114,6 +114,8 @@ class FrameworkProfile(Spec):
         default_factory=dict, description="Figures (planner/schema/figures.py names) this framework reaches on a CPU workstation, "
                                           "fitted from its local runs (`exaplan validate --local --backend jax --refit`); they "
                                           "replace a CPU machine's own (figures.framework_machine). Empty: the machine's.")
+    tensor_parallel: bool = Field(True, description="Offers tensor parallelism (tp > 1): False where the model code is "
+                                                    "the user's (DeepSpeed's ds_config for your own model).")
     pipeline_parallel: bool = Field(True, description="Offers pipeline parallelism (pp > 1).")
     context_parallel: bool = Field(True, description="Offers context parallelism (cp > 1).")
     precisions: list[Precision] = Field(default_factory=lambda: list(Precision), max_length=len(Precision),
@@ -128,6 +130,38 @@ class FrameworkProfile(Spec):
     replicate_alone: bool = Field(False, description="Sharding none (DDP) only without tensor, pipeline or context "
                                                      "parallelism, and never with cp > 1 (torchtitan: DDP does not "
                                                      "compose with them; context parallelism shards over dp_shard x cp).")
+    collective_libraries: list[CollectiveLibrary] | None = Field(
+        None, description="Collective libraries the framework trains over (Megatron-LM: nccl, rccl); None: any.")
+    workloads: list[Literal["pretrain", "dpo"]] = Field(
+        default_factory=lambda: ["pretrain", "dpo"], min_length=1, description="Workloads the framework trains "
+        "(torchtitan 0.3.0: next-token pretraining only).")
+    dpo_references: list[Literal["in-step", "precomputed"]] = Field(
+        default_factory=lambda: ["in-step", "precomputed"], min_length=1, description="DPO: the reference models "
+        "it runs (MaxText's train_dpo runs the reference in every step; it reads no precomputed log-probabilities).")
+    dpo_shardings: list[Sharding] | None = Field(
+        None, description="Shardings the framework's DPO runs with (Megatron-DeepSpeed's dpo_training.py: no ZeRO-3, "
+                          "its reference model is built partitioned and then run without ZeRO); None: all of `shardings`.")
+    dpo_pipeline_parallel: bool = Field(True, description="DPO runs with pipeline parallelism (Megatron-DeepSpeed's "
+                                                          "dpo_training.py calls the model's forward itself, which "
+                                                          "DeepSpeed's pipeline engine does not allow).")
+    tp_needs_sp: bool = Field(False, description="Tensor parallelism always shards the residual stream over the "
+                                                 "tensor ranks (MaxText's activation_embed rule): tp > 1 only with "
+                                                 "sequence parallelism.")
+    microbatches_multiple_of_stages: bool = Field(
+        False, description="With pp > 1 the micro-batches per step are a multiple of the stages (MaxText's "
+                           "num_pipeline_microbatches).")
+    node_split_axes: list[Literal["tp", "cp", "dp_shard", "dp_replicate", "pp"]] | None = Field(
+        None, description="Mesh dimensions in rank order, fastest first, each of which the framework splits at the "
+                          "node boundary into an in-node and an across-node factor (MaxText's ici_ and dcn_ axes): "
+                          "a degree must divide the ranks a node has left for it or be a multiple of them. None: any.")
+    nvidia_only_recompute: list[Recompute] = Field(
+        default_factory=list, description="Recompute levels offered on NVIDIA devices only (MaxText names the "
+                                          "attention output that selective-op keeps only in its cuDNN and TPU kernels).")
+    pipeline_tied_embeddings: bool = Field(True, description="Ties the embedding and the head under pipeline "
+                                                             "parallelism (torchtitan 0.3.0 does not).")
+    ddp_bucket_per_block: bool = Field(False, description="Replicated gradients are reduced one transformer block "
+                                                          "at a time (torchtitan's replicate per block): the DDP bucket "
+                                                          "is one block's fp32 gradients, not one of ddp_buckets_mb.")
 
     @model_validator(mode="after")
     def _check(self) -> "FrameworkProfile":
@@ -139,7 +173,7 @@ class FrameworkProfile(Spec):
     def offers(self) -> str:
         """What the profile runs, for messages: 'shardings none, zero1; no pipeline parallelism'."""
         out = [f"shardings {', '.join(s.value for s in self.shardings)}"]
-        out += [f"no {what} parallelism" for what, has in (("sequence", self.sequence_parallel),
+        out += [f"no {what} parallelism" for what, has in (("tensor", self.tensor_parallel), ("sequence", self.sequence_parallel),
                 ("pipeline", self.pipeline_parallel), ("context", self.context_parallel)) if not has]
         return "; ".join(out)
 
@@ -166,14 +200,18 @@ class FrameworkProfile(Spec):
         return machine.model_copy(update=update) if update else machine
 
 
-def layout_refusals(profile: FrameworkProfile, *, layers: int, pp: int, vpp: int, cp: int, tp: int, dp_replicate: int,
+def layout_refusals(profile: FrameworkProfile, *, layers: int | None, pp: int, vpp: int, cp: int, tp: int, dp_replicate: int,
                     dp_shard: int, sharding: "Sharding | str", recompute: "Recompute | str", schedule: "Schedule | str | None",
-                    sp: bool, precision: "Precision | str", stages: list[tuple[int, int]] | None = None,
-                    target: str | None = None) -> list[str]:
+                    sp: bool, precision: "Precision | str | None", stages: list[tuple[int, int]] | None = None,
+                    target: str | None = None, gas: int | None = None, ranks_per_node: int | None = None,
+                    device_name: str | None = None, tied_embeddings: bool = False,
+                    workload: str | None = None) -> list[str]:
     """Why the framework cannot run one layout (empty when it can), each naming the plan's field:
     the one statement of a profile's constraints that the search (planner.cost.layout, which
     vectorises it) and the exporters (export/) both keep. `stages`: the plan's (first, last)
-    layer ranges, checked against even_stages."""
+    layer ranges, checked against even_stages; `gas`, `ranks_per_node`, `device_name`: the
+    micro-batches per step, the node's ranks, the device and the workload, where the profile
+    constrains them (None: not checked)."""
     name = target or profile.name
     sharding, recompute = Sharding(sharding), Recompute(recompute)
     out = []
@@ -181,11 +219,18 @@ def layout_refusals(profile: FrameworkProfile, *, layers: int, pp: int, vpp: int
         out.append(f"sharding.kind: {name} runs {', '.join(s.value for s in profile.shardings)}, not {sharding.value}")
     if recompute not in profile.recompute_levels:
         out.append(f"recompute: {name} offers {', '.join(r.value for r in profile.recompute_levels)}, not {recompute.value}")
+    elif recompute in profile.nvidia_only_recompute and device_name is not None and not is_nvidia(device_name):
+        out.append(f"recompute: {name} offers {recompute.value} on NVIDIA devices only, not on {device_name}")
     if sp and not profile.sequence_parallel:
         out.append(f"sequence_parallel: {name} has no sequence parallelism")
+    if tp > 1 and not sp and profile.tp_needs_sp:
+        out.append(f"sequence_parallel: {name} always shards the residual stream over the tensor ranks; tp {tp} "
+                   "needs sequence parallelism")
+    if tp > 1 and not profile.tensor_parallel:
+        out.append(f"mesh.tp: {name} has no tensor parallelism (tp must be 1, got {tp})")
     if cp > 1 and not profile.context_parallel:
         out.append(f"mesh.cp: {name} has no context parallelism (cp must be 1, got {cp})")
-    if Precision(precision) not in profile.precisions:
+    if precision is not None and Precision(precision) not in profile.precisions:
         out.append(f"job.precision: {name} trains in {', '.join(p.value for p in profile.precisions)}, not {Precision(precision).value}")
     if pp > 1:
         if not profile.pipeline_parallel:
@@ -195,7 +240,7 @@ def layout_refusals(profile: FrameworkProfile, *, layers: int, pp: int, vpp: int
         if not profile.pipeline_sharding_ok(sharding):
             out.append(f"sharding.kind: {name} runs {', '.join(s.value for s in profile.pipeline_shardings or [])} with "
                        f"pipeline parallelism, not {sharding.value}")
-        if profile.even_stages:
+        if profile.even_stages and layers is not None:
             chunks = pp * vpp
             if layers % chunks:
                 out.append(f"pipeline.stages: {name} splits the layers evenly; pp x virtual stages = {chunks} does not "
@@ -208,4 +253,41 @@ def layout_refusals(profile: FrameworkProfile, *, layers: int, pp: int, vpp: int
     elif profile.replicate_alone and sharding == Sharding.none and dp_replicate * dp_shard > 1 and max(pp, cp, tp) > 1:
         out.append(f"sharding.kind: {name} runs DDP (sharding none) only as the one parallelism; with pp {pp}, cp {cp}, "
                    f"tp {tp} use fsdp or hsdp")
+    if workload == "dpo" and pp > 1 and not profile.dpo_pipeline_parallel:
+        out.append(f"mesh.pp: {name}'s DPO has no pipeline parallelism (pp must be 1, got {pp})")
+    if workload == "dpo" and profile.dpo_shardings is not None and sharding not in profile.dpo_shardings:
+        out.append(f"sharding.kind: {name}'s DPO runs {', '.join(s.value for s in profile.dpo_shardings)}, not {sharding.value}")
+    if pp > 1 and gas is not None and profile.microbatches_multiple_of_stages and gas % pp:
+        out.append(f"grad_accumulation_steps: {name} runs a multiple of the stages ({pp}) as micro-batches, not {gas}")
+    if pp > 1 and tied_embeddings and not profile.pipeline_tied_embeddings:
+        out.append(f"model.tied_embeddings: {name} does not tie the embedding and the head under pipeline parallelism")
+    if profile.node_split_axes is not None and ranks_per_node is not None:
+        degrees = {"tp": tp, "cp": cp, "dp_shard": dp_shard, "dp_replicate": dp_replicate, "pp": pp}
+        left = ranks_per_node
+        for axis in profile.node_split_axes:
+            degree = degrees[axis]
+            if left % degree and degree % left:
+                out.append(f"mesh.{axis}: the node boundary ({ranks_per_node} ranks, {left} left for {axis}) cuts "
+                           f"{axis} = {degree} unevenly; {name} splits each mesh axis into an in-node and an "
+                           "across-node factor")
+                break
+            left //= degree if left % degree == 0 else left
     return out
+
+
+def is_nvidia(device_name: str) -> bool:
+    return device_name.startswith("NVIDIA")
+
+
+def job_refusals(profile: FrameworkProfile, workload: str, reference: str, library: str | None = None) -> list[str]:
+    """Why the framework cannot train the job's workload (empty when it can), or on a machine of
+    this collective library, naming the field."""
+    libraries = [lib.value for lib in profile.collective_libraries or []]
+    if library is not None and libraries and library not in libraries:
+        return [f"machine.collective_library: {profile.name} trains over {', '.join(libraries)}, not {library}"]
+    if workload not in profile.workloads:
+        return [f"job.workload: {profile.name} trains {', '.join(profile.workloads)}, not {workload}"]
+    if workload == "dpo" and reference not in profile.dpo_references:
+        return [f"job.reference: {profile.name}'s DPO runs the reference {', '.join(profile.dpo_references)}, "
+                f"not {reference}"]
+    return []

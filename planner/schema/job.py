@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from planner.schema.bounds import MAX_BATCH, MAX_SEQ_LEN, MAX_TOKENS, Spec
-from planner.schema.framework import FrameworkProfile
+from planner.schema.framework import FrameworkProfile, job_refusals
 from planner.schema.machine import Precision
 
 
@@ -45,6 +45,8 @@ class TrainingJob(Spec):
     def _check_precision(self) -> "TrainingJob":
         if self.precision not in self.framework.precisions:
             raise ValueError(f"precision: {precision_message(self.precision, self.framework)}")
+        for problem in job_refusals(self.framework, self.workload.value, self.reference.value):
+            raise ValueError(problem.removeprefix("job."))
         return self
 
     @property

@@ -373,7 +373,12 @@ _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "pre
                        "recompute_levels": ["none", "selective", "full"], "head_bytes_per_element": {},
                        "compiled_step": False, "sp_collective_copies": False,
                        "schedules": [s.value for s in Schedule], "even_stages": False, "pipeline_shardings": None,
-                       "replicate_alone": False}
+                       "replicate_alone": False, "workloads": ["pretrain", "dpo"],
+                       "dpo_references": ["in-step", "precomputed"], "tp_needs_sp": False,
+                       "microbatches_multiple_of_stages": False, "node_split_axes": None, "nvidia_only_recompute": [],
+                       "pipeline_tied_embeddings": True, "ddp_bucket_per_block": False,
+                       "tensor_parallel": True, "collective_libraries": None, "dpo_shardings": None,
+                       "dpo_pipeline_parallel": True}
 
 
 _EARLIER_VALUES = {name: value for name, value in _FRAMEWORK_DEFAULTS.items()

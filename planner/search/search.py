@@ -74,7 +74,9 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
             f"{', '.join(map(str, near))}",
             field="global_batch",
         )
-    allowed = space.allowed_by(job.framework, model.layers)
+    allowed = space.allowed_by(job.framework, model.layers, ranks_per_node=machine.devices_per_node,
+                               device_name=machine.device_name, tied_embeddings=model.tied_embeddings,
+                               workload=job.workload.value)
     if not allowed.all():  # the shardings and the sequence, pipeline and context parallelism the framework runs
         if not allowed.any():
             raise PlanError(f"{job.framework.name} runs none of the {len(space):,} legal layouts (it runs "

@@ -15,6 +15,7 @@ from machine_models import load_framework, load_machine
 from planner.cost.step import evaluate
 from planner.emit import build_plan
 from planner.inputs import load_model, make_job
+from planner.schema.framework import job_refusals
 from planner.schema.plan import Plan, load_plan
 from planner.search.space import enumerate_space
 
@@ -40,11 +41,14 @@ def _space(framework: str, scenario: int):
     profile = load_framework(framework)
     machine = profile.applied_to(machine)
     world = nodes * machine.devices_per_node
-    if precision not in {p.value for p in profile.precisions}:
+    if precision not in {p.value for p in profile.precisions} or job_refusals(profile, workload, "in-step",
+                                                                                        machine.collective_library.value):
         return None
     job = make_job(model, machine, world, batch, seq, precision, None, workload, "in-step", profile)
     space = enumerate_space(model, job, world)
-    allowed = np.flatnonzero(space.allowed_by(profile, model.layers))
+    allowed = np.flatnonzero(space.allowed_by(profile, model.layers, ranks_per_node=machine.devices_per_node,
+                                              device_name=machine.device_name, tied_embeddings=model.tied_embeddings,
+                                              workload=workload))
     return (model, machine, job, nodes, space, allowed) if len(allowed) else None
 
 

@@ -36,7 +36,8 @@ OWN_FIELDS = {"job.workload", "job.precision", "job.framework.grad_reduce_dtype"
               "sharding.ddp_bucket_mb", "model.activation", "model.norm", "model.position", "model.tied_embeddings",
               "pipeline.schedule"}
 PROFILE_FIELDS = ("sharding.kind:", "recompute:", "job.precision:", "pipeline.schedule:", "mesh.cp:", "mesh.pp:",
-                  "sequence_parallel:", "pipeline.stages:")
+                  "sequence_parallel:", "pipeline.stages:", "job.workload:", "job.reference:", "model.tied_embeddings:",
+                  "grad_accumulation_steps:", "mesh.tp:", "mesh.dp_shard:", "mesh.dp_replicate:")
 
 
 def stages_of(plan):
@@ -98,15 +99,6 @@ def assert_torchtitan_reads_the_plan(plan) -> None:
     assert model.enable_weight_tying == plan.model.tied_embeddings
 
 
-def export_or_refuse(plan) -> None:
-    try:
-        export_plan(plan, "torchtitan")
-    except PlanError as err:
-        assert_refusal_is_real(plan, err)
-        return
-    assert_torchtitan_reads_the_plan(plan)
-
-
 # --------------------------------------------------------------------------------------------
 # torchtitan's own code on the exports
 # --------------------------------------------------------------------------------------------
@@ -139,19 +131,21 @@ def test_an_uneven_interleaved_pipeline_keeps_the_plans_stages():
     assert par.pipeline_parallel_microbatch_size == plan.micro_batch_size
 
 
+# Every layout the torchtitan profile allows exports and passes torchtitan's own code: the
+# search (which keeps to the profile) never proposes what torchtitan cannot run.
 @needs_torchtitan
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated_plans("torchtitan"))
-def test_generated_plans_export_or_are_refused_fast(plan):
-    export_or_refuse(plan)
+def test_generated_plans_export_fast(plan):
+    assert_torchtitan_reads_the_plan(plan)
 
 
 @pytest.mark.slow
 @needs_torchtitan
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated_plans("torchtitan"))
-def test_generated_plans_export_or_are_refused(plan):
-    export_or_refuse(plan)
+def test_generated_plans_export(plan):
+    assert_torchtitan_reads_the_plan(plan)
 
 
 @needs_torchtitan

@@ -96,8 +96,8 @@ def test_a_framework_without_pipelines_refuses_a_pinned_one():
         with pytest.raises(PlanError) as err:
             search(model, machine, job, 16, pins=pins)
         assert err.value.field == field and "jax has no" in str(err.value)
-    assert framework_problems(fw, Layouts.one(dp=4, mbs=1, pp=2))[0].startswith("pp: jax has no pipeline")
-    assert framework_problems(fw, Layouts.one(dp=4, mbs=1, cp=2))[0].startswith("cp: jax has no context")
+    assert framework_problems(fw, Layouts.one(dp=4, mbs=1, pp=2))[0].startswith("mesh.pp: jax has no pipeline")
+    assert framework_problems(fw, Layouts.one(dp=4, mbs=1, cp=2))[0].startswith("mesh.cp: jax has no context")
     assert framework_problems(fw, Layouts.one(dp=4, mbs=1, tp=2, sp=True)) == []
 
 

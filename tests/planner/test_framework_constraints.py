@@ -101,3 +101,55 @@ def test_even_stage_frameworks_get_even_stages():
         sizes = [s.last_layer - s.first_layer for s in stage_assignment(model, machine, job, lay)]
         assert sum(sizes) == model.layers and len(sizes) == 4
         assert (len(set(sizes)) == 1) == expect_even, (name, sizes)
+
+
+def test_a_profile_takes_its_base_fields(tmp_path):
+    """`base: NAME` gives a profile the other's fields, its own replacing them; an unknown base or
+    a cycle is refused naming the profile's field."""
+    from machine_models.frameworks import FRAMEWORKS_FILE
+    from planner.schema.errors import PlanError
+
+    zero, ds = load_framework("deepspeed-zero"), load_framework("deepspeed")
+    assert (zero.overlap_dp, zero.step_overhead_s, zero.shardings) == (ds.overlap_dp, ds.step_overhead_s, ds.shardings)
+    assert ds.tensor_parallel and ds.pipeline_parallel and not zero.tensor_parallel and not zero.pipeline_parallel
+    assert zero.dpo_shardings is None and ds.dpo_shardings is not None
+    bad = tmp_path / "frameworks.yaml"
+    bad.write_text(FRAMEWORKS_FILE.read_text() + "\nloop-a: {base: loop-b}\nloop-b: {base: loop-a}\norphan: {base: nope}\n")
+    for name, why in (("loop-a", "a cycle"), ("orphan", "not a profile")):
+        with pytest.raises(PlanError) as err:
+            load_framework(name, path=bad)
+        assert why in str(err.value) and ".base:" in str(err.value)
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_the_new_constraints_agree_row_for_row(name):
+    """On a 12-rank-a-node machine (Aurora: degrees the node boundary cuts), DPO, a tied model:
+    the vectorised filter and the one-layout check agree on every row."""
+    model, machine = load_model("protein-small"), load_machine("aurora")
+    model = model.model_copy(update={"tied_embeddings": True})
+    profile = load_framework(name)
+    world = 4 * machine.devices_per_node
+    job = make_job(model, machine, world, 96, 256, None, None, "pretrain", "in-step", load_framework("exaplan"))
+    sp = enumerate_space(model, job, world)
+    kw = dict(ranks_per_node=machine.devices_per_node, device_name=machine.device_name, tied_embeddings=True, workload="dpo")
+    allowed = sp.allowed_by(profile, model.layers, **kw)
+    rows = np.random.default_rng(0).choice(len(sp), size=min(400, len(sp)), replace=False)
+    lay = sp.layouts(rows)
+    for j, i in enumerate(rows):
+        assert bool(allowed[i]) == (not framework_problems(profile, lay, j, layers=model.layers, **kw)), (name, lay.row(j))
+
+
+def test_maxtext_splits_at_the_node_and_torchtitan_unties_under_pp():
+    maxtext, titan = load_framework("maxtext"), load_framework("torchtitan")
+    common = dict(layers=24, vpp=1, cp=1, sharding="fsdp", recompute="full", schedule="gpipe", sp=True, precision="bf16")
+    # 12 ranks a node: tp 8 leaves no in-node factor; tp 4 x dp_shard 3 splits cleanly
+    assert any(p.startswith("mesh.tp:") for p in layout_refusals(
+        maxtext, pp=1, tp=8, dp_replicate=1, dp_shard=6, ranks_per_node=12, **common))
+    assert layout_refusals(maxtext, pp=1, tp=4, dp_replicate=1, dp_shard=12, ranks_per_node=12, **common) == []
+    assert any(p.startswith("grad_accumulation_steps:") for p in layout_refusals(
+        maxtext, pp=4, tp=1, dp_replicate=1, dp_shard=3, gas=6, ranks_per_node=12, **common))
+    assert any(p.startswith("recompute:") for p in layout_refusals(
+        maxtext, pp=1, tp=1, dp_replicate=1, dp_shard=12, device_name="AMD MI250X GCD",
+        **{**common, "recompute": "selective-op"}))
+    assert any(p.startswith("model.tied_embeddings:") for p in layout_refusals(
+        titan, pp=2, tp=1, dp_replicate=1, dp_shard=4, tied_embeddings=True, **{**common, "schedule": "1f1b"}))

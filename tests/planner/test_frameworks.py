@@ -143,7 +143,7 @@ def test_a_framework_refuses_what_it_does_not_run():
     assert framework_problems(megatron, Layouts.one(dp=8, mbs=1, sharding="zero1")) == []
     assert "megatron runs none, zero1" in framework_problems(megatron, Layouts.one(dp=8, mbs=1, sharding="fsdp"))[0]
     no_sp = FrameworkProfile(sequence_parallel=False)
-    assert framework_problems(no_sp, Layouts.one(dp=2, mbs=1, tp=4))[0].startswith("sp:")
+    assert framework_problems(no_sp, Layouts.one(dp=2, mbs=1, tp=4))[0].startswith("sequence_parallel:")
 
 
 def test_estimate_and_plan_take_the_framework(tmp_path, capsys):
@@ -164,7 +164,7 @@ def test_estimate_and_plan_take_the_framework(tmp_path, capsys):
         assert f"gradients reduced in {dtype}" in capsys.readouterr().out
     assert main(["estimate", "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "2", "--dp", "16",
                  "--mbs", "1", "--shard", "fsdp", "--framework", "megatron", "-o", str(tmp_path / "no.yaml")]) == 2
-    assert "shard: megatron runs" in capsys.readouterr().err and not (tmp_path / "no.yaml").exists()
+    assert "sharding.kind: megatron runs" in capsys.readouterr().err and not (tmp_path / "no.yaml").exists()
     assert main(["plan", "--model", "protein-tiny", "--machine", "dgx-h100", "--framework", "nope", "--no-write"]) == 2
     assert "unknown framework 'nope'" in capsys.readouterr().err
     # selective-op recompute is torch's per-op policy: exaplan's runtime offers it, Megatron does not
