@@ -38,17 +38,18 @@ def join(args):
     return plan, device, rank, owns_group
 
 
-def build_model(plan, mesh, device, seed: int, compile_blocks: bool = False):
-    """Steps 3-6 of a plan: (this rank's model parts, their data-parallel handles)."""
+def parallel_parts(plan, mesh, compile_blocks: bool = False):
+    """Steps 3-5 of a plan, on the meta device: (this rank's model parts, their data-parallel
+    handles). `exaplan run` materialises them (build_model); `exaplan check` keeps them on
+    meta at the plan's full size (runtime/check.py)."""
     import torch
 
-    from runtime.model import ProteinLM, init_weights
+    from runtime.model import ProteinLM
     from runtime.parallel import apply_cp, apply_data_parallel, apply_recompute, apply_tp
 
-    spec = plan.model
     # 3. The model on the meta device: no rank ever holds all of it.
     with torch.device("meta"):
-        model = ProteinLM(spec)
+        model = ProteinLM(plan.model)
 
     # 4. Pipeline split: the chunks this pp rank runs (the whole model when pp = 1).
     if plan.mesh.pp > 1:
@@ -69,6 +70,15 @@ def build_model(plan, mesh, device, seed: int, compile_blocks: bool = False):
             for key, block in part.layers.items():
                 part.layers[key] = torch.compile(block)
         handles.append(apply_data_parallel(part, mesh, plan))
+    return parts, handles
+
+
+def build_model(plan, mesh, device, seed: int, compile_blocks: bool = False):
+    """Steps 3-6 of a plan: (this rank's model parts, their data-parallel handles)."""
+    from runtime.model import init_weights
+
+    spec = plan.model
+    parts, handles = parallel_parts(plan, mesh, compile_blocks)
 
     # 6. Materialise and initialise: the same seed gives the same weights in any layout.
     for part in parts:

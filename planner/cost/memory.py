@@ -42,6 +42,7 @@ from planner.cost.layout import (
     Layouts,
 )
 from planner.schema.specs import MachineModel, ModelSpec, Precision, TrainingJob, bytes_per_element
+from planner.schema.plan import Plan
 
 GIB = 2.0**30
 
@@ -402,3 +403,20 @@ def reserve_bytes(machine: MachineModel, churned) -> np.ndarray:
     buffers (Megatron's and DeepSpeed's flat buffers, FSDP's flat shards), and never free a gap
     for the caching allocator to split."""
     return churned * machine.fragmentation_fraction + machine.memory_reserve_gib * GIB
+
+
+def rank_parameters(plan: Plan, pp_rank: int) -> int:
+    """The planner's parameter count for a rank of pipeline rank `pp_rank`: its stages' blocks,
+    the embedding and head where it holds them, / tp, / the shard group of fully sharded kinds."""
+    model = plan.model
+    stages = [s for s in plan.pipeline.stages if s.pp_rank == pp_rank] if plan.mesh.pp > 1 else []
+    if stages:
+        blocks = sum(s.last_layer - s.first_layer for s in stages)
+        embedding, head = any(s.embedding for s in stages), any(s.head for s in stages)
+    else:
+        blocks, embedding, head = model.layers, True, True
+    total = (blocks * flops.layer_params(model) + embedding * flops.embedding_params(model)
+             + head * flops.head_params(model))
+    sharded = plan.sharding.kind.value in ("fsdp", "fsdp-grad-op", "hsdp")
+    group = plan.mesh.dp_shard * plan.mesh.cp if sharded else 1
+    return round(total / plan.mesh.tp / group)
