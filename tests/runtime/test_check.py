@@ -50,3 +50,12 @@ def test_bad_ranks_exit_2(ranks, words, capsys):
     assert main(["check", str(AURORA), "--ranks", ranks]) == 2
     err = capsys.readouterr().err
     assert "ranks" in err and words in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted((ROOT / "plans").rglob("*.yaml")), ids=lambda p: str(p.relative_to(ROOT / "plans")))
+def test_every_committed_plan_builds_first_and_last_rank(path):
+    plan = load_plan(path)
+    for rank in ranks_of(plan, "first,last"):
+        seen = check_rank(plan, rank, rank_parameters)
+        assert seen.agrees, (rank, seen.parameter_error)
