@@ -59,3 +59,13 @@ def test_every_committed_plan_builds_first_and_last_rank(path):
     for rank in ranks_of(plan, "first,last"):
         seen = check_rank(plan, rank, rank_parameters)
         assert seen.agrees, (rank, seen.parameter_error)
+
+
+def test_a_tampered_plan_is_refused_and_nothing_is_built(tmp_path, capsys):
+    text = AURORA.read_text().replace("dp_replicate: 2400", "dp_replicate: 2399")
+    assert "dp_replicate: 2399" in text
+    tampered = tmp_path / "tampered.yaml"
+    tampered.write_text(text)
+    assert main(["check", str(tampered)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "mesh: degrees multiply to" in err
