@@ -23,21 +23,21 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import contextlib
+
     from planner.cost.memory import rank_parameters
     from planner.schema.plan import load_plan
-    from runtime.check import ranks_of
+    from runtime.check import check_rank, ranks_of
 
     plan = load_plan(args.plan)
     ranks = ranks_of(plan, args.ranks)
     results, failed = [], []
     out = None if args.json else console()
     for rank in ranks:
+        status = contextlib.nullcontext() if out is None else out.status(f"building rank {rank:,} of {plan.world_size:,} ...")
         try:
-            if out is None:
-                results.append(_check(plan, rank, rank_parameters))
-            else:
-                with out.status(f"building rank {rank:,} of {plan.world_size:,} ..."):
-                    results.append(_check(plan, rank, rank_parameters))
+            with status:
+                results.append(check_rank(plan, rank, rank_parameters))
         except Exception as err:  # the runtime's own error, reported for this rank
             failed.append((rank, f"{type(err).__name__}: {err}"))
     if args.json:
@@ -45,12 +45,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         _table(out, plan, results, failed)
     return 1 if failed or not all(r.agrees for r in results) else 0
-
-
-def _check(plan, rank, predicted):
-    from runtime.check import check_rank
-
-    return check_rank(plan, rank, predicted)
 
 
 def _table(out, plan, results, failed) -> None:

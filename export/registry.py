@@ -50,8 +50,8 @@ def profile_refusals(plan: Plan, target: str) -> list[str]:
         recompute=plan.recompute, schedule=plan.pipeline.schedule, sp=plan.sequence_parallel,
         precision=plan.job.precision, stages=stages, target=target, gas=plan.grad_accumulation_steps,
         ranks_per_node=plan.ranks_per_node, device_name=plan.machine.device_name,
-        tied_embeddings=plan.model.tied_embeddings, workload=plan.job.workload.value) + [
-        *job_refusals(profile, plan.job.workload.value, plan.job.reference.value, plan.machine.collective_library.value)]
+        tied_embeddings=plan.model.tied_embeddings, workload=plan.job.workload.value) + job_refusals(
+        profile, plan.job.workload.value, plan.job.reference.value, plan.machine.collective_library.value)
 
 
 # What to do instead, by target, where its profile refuses a degree (the field's prefix).

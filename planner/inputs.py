@@ -135,9 +135,9 @@ def make_job(model: ModelSpec, machine: MachineModel, world: int, global_batch: 
     precision = precision or default_precision(machine, framework).value
     if framework is not None and precision in {p.value for p in Precision} and Precision(precision) not in framework.precisions:
         raise PlanError(precision_message(precision, framework), field="precision")
-    library = machine.collective_library.value
-    for problem in job_refusals(framework, workload, reference, library) if framework is not None else ():
-        field, message = problem.split(": ", 1)
+    problems = job_refusals(framework, workload, reference, machine.collective_library.value) if framework else []
+    if problems:
+        field, message = problems[0].split(": ", 1)
         raise PlanError(message, field=field.removeprefix("job."))
     data = {
         "global_batch": global_batch if global_batch is not None else per_rank * world,

@@ -45,8 +45,9 @@ class TrainingJob(Spec):
     def _check_precision(self) -> "TrainingJob":
         if self.precision not in self.framework.precisions:
             raise ValueError(f"precision: {precision_message(self.precision, self.framework)}")
-        for problem in job_refusals(self.framework, self.workload.value, self.reference.value):
-            raise ValueError(problem.removeprefix("job."))
+        problems = job_refusals(self.framework, self.workload.value, self.reference.value)
+        if problems:
+            raise ValueError(problems[0].removeprefix("job."))
         return self
 
     @property
