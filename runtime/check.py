@@ -1,20 +1,33 @@
 """One rank of a plan at its full size, on this machine: torch's fake process group plays rank R
 of the plan's whole world (collectives return without traffic), the plan's real device mesh is
-built, and the model is parallelised on the meta device by the runtime's own code in its own
-order (runtime/build.py parallel_parts, the steps `exaplan run` takes). What the rank then holds
-is compared with what the planner counts for it.
+built, the model is parallelised on the meta device by the runtime's own code in its own order
+(runtime/build.py parallel_parts, the steps `exaplan run` takes), and two training steps run
+under fake tensors (nothing is allocated): the task's own forward and backward (the pipeline
+schedule when pp > 1: runtime/pretrain.py), the gradient clip and the optimizer step. The
+second step is measured: torch's MemTracker accounts every tensor by category at the step's
+peak, and a dispatch mode records every collective the step issues.
 
-What is checked: the mesh builds at the plan's world size; every apply_* step runs for this
-rank's pipeline chunks; the parameters the rank holds (its local shards, DTensor.to_local)
-against the planner's count for its stage (planner/cost/memory.py rank_parameters: its blocks,
-embedding and head, / tp, / the shard group where the parameters are sharded). What is not
-checked yet: a training step under fake tensors and torch's memory accounting by category.
+What the rank then holds is compared with what the planner counts for it: its parameters
+(local shards, DTensor.to_local) against planner/cost/memory.py rank_parameters, and its peak
+memory by category against rank_memory (the runtime takes only the schema from the planner:
+the CLI passes both in).
+
+Torch's categories at the peak, as the planner's are named:
+    parameters   the parameters the rank holds (its shards), at their element size
+    buffers      parameters beyond those (FSDP's gathered 16-bit blocks)
+    gradients    GRAD
+    optimizer    OPT (AdamW's moments; ZeRO's fp32 master shards are parameters of it)
+    activations  ACT and TEMP (what the step keeps for backward and its working tensors)
+
+DPO plans step as pretraining (the policy's forward and backward, no reference pass): their
+check builds and steps the policy; the reference model's memory is the planner's figure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from planner.schema.errors import PlanError
 from planner.schema.plan import Plan
@@ -23,6 +36,22 @@ GIB = 2**30
 # The runtime pads uneven shards (FSDP2 rounds each dim-0 shard up) and keeps some small
 # tensors replicated; a rank's count may exceed the planner's by this much and still agree.
 PARAMETER_TOLERANCE = 0.03
+# The planner's tensor memory against torch's accounting (issue 50's target on committed plans).
+MEMORY_TOLERANCE = 0.10
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations")
+
+
+@dataclass
+class Collective:
+    op: str  # all_gather, reduce_scatter, all_reduce, send, recv, broadcast, ...
+    mesh_dim: str  # the mesh dimension whose group it ran on (or "world", "other")
+    group_size: int
+    bytes: int  # per call: the gathered output, the scattered input, the reduced or sent tensor
+    count: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes * self.count
 
 
 @dataclass
@@ -32,11 +61,40 @@ class RankCheck:
     parameters: int  # elements this rank holds (local shards)
     predicted_parameters: int  # the planner's count for the same rank
     parameter_error: float  # parameters / predicted - 1
-    agrees: bool
+    agrees: bool  # parameters and memory within their tolerances
     seconds: float
+    stepped: bool = False
+    torch_peak_memory_gib: float | None = None  # every tensor at the step's peak (no allocator)
+    torch_memory_gib: dict[str, float] = field(default_factory=dict)  # by category, at that peak
+    torch_tracker_gib: dict[str, float] = field(default_factory=dict)  # MemTracker's own categories
+    predicted_memory_gib: float | None = None  # the planner's tensors for this rank (no reserve)
+    predicted_total_gib: float | None = None  # with its reserve
+    predicted_gib: dict[str, float] = field(default_factory=dict)  # by category
+    memory_error: float | None = None  # predicted / torch - 1
+    reserve_gib: float | None = None  # the planner's reserve on torch's churn
+    device_memory_gib: float | None = None
+    fits: bool | None = None  # torch's peak + reserve within the device's memory
+    planner_fits: bool | None = None
+    collectives: list[Collective] = field(default_factory=list)
 
     def as_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["collectives"] = [{**asdict(c), "total_bytes": c.total_bytes} for c in self.collectives]
+        return out
+
+    @property
+    def verdict(self) -> str:
+        if not self.agrees:
+            return "disagrees"
+        if self.fits is False:
+            return "does not fit" + (" (the planner says it fits)" if self.planner_fits else "")
+        return "fits" if self.fits else "agrees"
+
+    @property
+    def passed(self) -> bool:
+        """A rank passes when it agrees with the planner and torch's accounting fits (or torch
+        and the planner agree that it does not)."""
+        return self.agrees and (self.fits is not False or self.planner_fits is False)
 
 
 def ranks_of(plan: Plan, spec: str) -> list[int]:
@@ -63,31 +121,274 @@ def ranks_of(plan: Plan, spec: str) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-def check_rank(plan: Plan, rank: int, predicted_parameters) -> RankCheck:
-    """Build rank `rank` of the plan under a fake process group of its full world size;
-    `predicted_parameters(plan, pp_rank)`: the planner's count (planner/cost/memory.py
-    rank_parameters; the runtime takes only the schema from the planner)."""
+@contextlib.contextmanager
+def fake_world(plan: Plan, rank: int):
+    """Rank `rank` of the plan's whole world on torch's fake process group, and its mesh."""
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from runtime.build import parallel_parts
     from runtime.mesh import build_mesh
 
     if dist.is_initialized():
         raise RuntimeError("a process group is running already: exaplan check starts its own fake one")
-    start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
     try:
-        mesh = build_mesh(plan, "cpu")
-        pp_rank = mesh["pp"].get_local_rank()
-        parts, _ = parallel_parts(plan, mesh)
-        held = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel()
-                   for part in parts for p in part.parameters())
+        yield build_mesh(plan, "cpu")
     finally:
         dist.destroy_process_group()
+
+
+def check_rank(plan: Plan, rank: int, predicted_parameters, predicted_memory=None, step: bool = True) -> RankCheck:
+    """Build rank `rank` of the plan under a fake process group of its full world size and,
+    with `step`, run and measure a training step under fake tensors.
+    `predicted_parameters(plan, pp_rank)`, `predicted_memory(plan, pp_rank)`: the planner's
+    figures (planner/cost/memory.py rank_parameters, rank_memory)."""
+    from torch.distributed.tensor import DTensor
+
+    from runtime.build import parallel_parts
+
+    start = time.perf_counter()
+    with fake_world(plan, rank) as mesh:
+        pp_rank = mesh["pp"].get_local_rank()
+        parts, handles = parallel_parts(plan, mesh)
+        held = held_bytes = 0
+        for p in (p for part in parts for p in part.parameters()):  # no reference kept: to_empty swaps them
+            t = p.to_local() if isinstance(p, DTensor) else p
+            held, held_bytes = held + t.numel(), held_bytes + t.numel() * t.element_size()
+        del p, t
+        measured = _step(plan, mesh, parts, handles, rank) if step else None
     predicted = predicted_parameters(plan, pp_rank)
     error = held / predicted - 1
-    return RankCheck(rank=rank, pp_rank=pp_rank, parameters=held, predicted_parameters=predicted,
-                     parameter_error=error, agrees=-PARAMETER_TOLERANCE <= error <= PARAMETER_TOLERANCE,
-                     seconds=time.perf_counter() - start)
+    out = RankCheck(rank=rank, pp_rank=pp_rank, parameters=held, predicted_parameters=predicted,
+                    parameter_error=error, agrees=-PARAMETER_TOLERANCE <= error <= PARAMETER_TOLERANCE, seconds=0.0)
+    if measured is not None:
+        snapshot, collectives = measured
+        _memory_verdict(out, plan, snapshot, held_bytes, predicted_memory(plan, pp_rank) if predicted_memory else None)
+        out.collectives = collectives
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def _step(plan: Plan, mesh, parts, handles, rank: int):
+    """Two training steps of this rank under fake tensors, the second measured: (torch's
+    memory by category at the peak, in bytes; the collectives it issued)."""
+    import argparse
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from runtime.loader import SyntheticLoader
+    from runtime.parallel import clip_grad_norm_
+    from runtime.pretrain import PretrainTask
+
+    device = torch.device("cpu")
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for part in parts:  # materialised as fake tensors: shapes, dtypes and placements, no storage
+            part.to_empty(device=device)
+            part.setup_rope(device, plan.job.seq_len)
+        optimizers = [h.build_optimizer(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=False) for h in handles]
+        loader = SyntheticLoader(plan.job.seq_len, plan.micro_batch_size, mesh["dp"].get_local_rank(), mesh["dp"].size(),
+                                 seed=0, grad_accumulation=plan.grad_accumulation_steps)
+        args = argparse.Namespace(io_mode="synthetic", seed=0)
+        task = PretrainTask(args, plan, mesh, device, parts, handles, None, rank, loader=loader)
+        if task.runner is not None:
+            _static_warmup(task.runner.schedule)
+
+        def one_step():
+            task.step()
+            clip_grad_norm_(handles, 1.0)
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+        one_step()  # creates the optimizer's state
+        tracker = _peak_tracker()
+        tracker.track_external(*parts, *optimizers)
+        recorder = CollectiveRecorder(mesh)
+        with tracker, recorder:
+            one_step()
+        snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
+    return {str(k).split(".")[-1]: int(v) for k, v in snapshot.items()}, recorder.table()
+
+
+def _peak_tracker():
+    """torch's MemTracker keeping only the step's peak and its categories. Its per-module
+    statistics are not kept: they refuse a module called twice in a step (a pipeline chunk
+    runs once per micro-batch) and their snapshots cost most of its time. The categories stay
+    torch's: parameters, buffers and optimizer state as registered, gradients by their hooks,
+    activations (forward, and a recomputed block's replay) and temporaries (backward). Only the
+    whole step's peak is updated after each op, not every module's (a scan of all modules per
+    op: 80% of a check's time before)."""
+    import weakref
+
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModMemStats
+
+    class PeakTracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs):  # noqa: ARG002 (the hook's signature)
+            if module not in self.memory_tracking:  # first call: its parameters and their gradients' hooks
+                stats = _ModMemStats(self._mod_tracker.get_known_fqn(module))
+                stats.parameter_mem, stats.buffer_mem = self._track_module_params_and_buffers(module, install_grad_hooks=True)
+                self.memory_tracking[module] = stats
+            elif self._mod_tracker.is_bw and self._ac_mod is None:  # a recomputed block's forward in backward
+                self._ac_mod = weakref.ref(module)
+                self._in_ac = True
+
+        def _post_fw_hook(self, module, inputs, outputs):  # noqa: ARG002
+            if self._mod_tracker.is_bw and self._ac_mod is not None and self._ac_mod() is module:
+                self._ac_mod = None
+                self._in_ac = False
+
+        def _pre_bw_hook(self, module, args):  # noqa: ARG002
+            pass
+
+        def _update_peak_stats(self, peak_state):  # noqa: ARG002 (after every op: the step's peak only)
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+        def _post_bw_hook(self, module, args):  # noqa: ARG002
+            pass
+
+    return PeakTracker()
+
+
+def _static_warmup(schedule) -> None:
+    """The pipeline schedule's first step votes over the pp ranks on static or inferred stage
+    shapes and reads the vote (`.item()`), which a fake tensor cannot answer. Every stage the
+    runtime builds has static shapes (runtime/parallel/pipeline.py _stage), so every rank of a
+    real run votes static: set that on this rank's stages and skip the vote (whose only other
+    work, opening the neighbours' communicators, a fake group has no use for)."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    def warmup(stages, has_backward, p2p_done):  # noqa: ARG001 (the schedule's signature)
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedule._warmup_p2p = warmup
+
+
+def _memory_verdict(out: RankCheck, plan: Plan, snapshot: dict, held_bytes: int, predicted: dict | None) -> None:
+    """Torch's figures by category beside the planner's, the error and the verdicts."""
+    param = snapshot.get("PARAM", 0)
+    torch_bytes = {
+        "parameters": min(held_bytes, param),
+        "buffers": max(param - held_bytes, 0) + snapshot.get("BUFFER", 0),
+        "gradients": snapshot.get("GRAD", 0),
+        "optimizer": snapshot.get("OPT", 0),
+        "activations": snapshot.get("ACT", 0) + snapshot.get("TEMP", 0) + snapshot.get("OTH", 0),
+    }
+    peak = snapshot.get("Total", sum(torch_bytes.values()))
+    out.stepped = True
+    out.torch_peak_memory_gib = peak / GIB
+    out.torch_memory_gib = {k: v / GIB for k, v in torch_bytes.items()}
+    out.torch_tracker_gib = {k: v / GIB for k, v in snapshot.items() if k != "Total"}
+    machine = plan.machine
+    churn = torch_bytes["activations"] + torch_bytes["buffers"]
+    reserve = churn * machine.fragmentation_fraction + machine.memory_reserve_gib * GIB
+    out.reserve_gib = reserve / GIB
+    out.device_memory_gib = machine.device_memory_gib
+    out.fits = bool(peak + reserve <= machine.device_memory_gib * GIB)
+    if predicted is None:
+        return
+    predicted = {k: float(v) for k, v in predicted.items()}
+    tensors = sum(v for k, v in predicted.items() if k != "reserve")
+    out.predicted_gib = {k: v / GIB for k, v in predicted.items()}
+    out.predicted_memory_gib = tensors / GIB
+    out.predicted_total_gib = (tensors + predicted.get("reserve", 0.0)) / GIB
+    out.planner_fits = bool(tensors + predicted.get("reserve", 0.0) <= machine.device_memory_gib * GIB)
+    out.memory_error = tensors / peak - 1 if peak else None
+    if out.memory_error is not None and abs(out.memory_error) > MEMORY_TOLERANCE:
+        out.agrees = False
+
+
+class CollectiveRecorder:
+    """A dispatch mode recording every collective a step issues: c10d's ops (FSDP, DDP, ZeRO,
+    the pipeline's send and recv) and the functional ones (DTensor's redistributions under
+    tensor and sequence parallelism), with the mesh dimension of their group."""
+
+    OPS = {  # op name -> (our name, which argument holds the tensor(s) whose size is the message)
+        "allreduce_": ("all_reduce", 0), "all_reduce": ("all_reduce", 0),
+        "_allgather_base_": ("all_gather", 0), "allgather_": ("all_gather", 0),
+        "all_gather_into_tensor": ("all_gather", "out"), "allgather_into_tensor_coalesced_": ("all_gather", 0),
+        "_reduce_scatter_base_": ("reduce_scatter", 1), "reduce_scatter_": ("reduce_scatter", 1),
+        "reduce_scatter_tensor": ("reduce_scatter", 0), "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+        "send": ("send", 0), "recv_": ("recv", 0), "broadcast_": ("broadcast", 0), "broadcast": ("broadcast", 0),
+        "all_to_all_single": ("all_to_all", 0), "alltoall_base_": ("all_to_all", 1),
+    }
+
+    def __init__(self, mesh):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.groups: dict[str, str] = {}
+        names = mesh.mesh_dim_names or ()
+        for name in (*names, "dp", "dp_shard_cp", "dp_cp"):
+            with contextlib.suppress(Exception):
+                sub = mesh[name]
+                if sub.size() > 1:
+                    self.groups.setdefault(sub.get_group().group_name, name)
+        self.counts: dict[tuple[str, str, int, int], int] = {}
+        recorder = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                ns = func.namespace
+                if ns in ("c10d", "_c10d_functional"):
+                    recorder._record(func, args, out)
+                return out
+
+        self._mode = _Mode()
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+    def _record(self, func, args, out) -> None:
+        import torch
+
+        name = func._opname
+        if name not in self.OPS:
+            return
+        op, where = self.OPS[name]
+        tensors = out if where == "out" else args[where]
+        if isinstance(tensors, (tuple, list)) and tensors and isinstance(tensors[0], (tuple, list)):
+            tensors = tensors[0]
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        size = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+        group_name, group_size = self._group(args)
+        key = (op, self.groups.get(group_name, "world" if group_size == _world() else "other"), group_size, size)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    @staticmethod
+    def _group(args) -> tuple[str, int]:
+        import torch
+        import torch.distributed as dist
+
+        for a in args:
+            if isinstance(a, torch.ScriptObject):  # c10d's ops take the group as a script object
+                a = dist.ProcessGroup.unbox(a)
+            if isinstance(a, dist.ProcessGroup):
+                return a.group_name, a.size()
+            if isinstance(a, str):
+                with contextlib.suppress(Exception):
+                    from torch.distributed.distributed_c10d import _resolve_process_group
+
+                    pg = _resolve_process_group(a)
+                    return pg.group_name, pg.size()
+        return "", 0
+
+    def table(self) -> list[Collective]:
+        rows = [Collective(op, dim, size, nbytes, n) for (op, dim, size, nbytes), n in self.counts.items()]
+        return sorted(rows, key=lambda c: (c.mesh_dim, c.op, -c.total_bytes))
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size()

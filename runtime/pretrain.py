@@ -13,20 +13,26 @@ class PretrainTask:
     """Next-token pretraining: the loader over the prepared sequences, the forward and
     backward of a step (through the pipeline schedule when pp > 1), the validation loss."""
 
-    def __init__(self, args, plan, mesh, device, parts, handles, out: Path, rank: int):
-        from runtime.dataprep.cache import ensure_prepared
+    def __init__(self, args, plan, mesh, device, parts, handles, out: Path | None, rank: int, loader=None):
+        """`loader`: a batch source given in place of the prepared data (exaplan check gives a
+        SyntheticLoader: no data is read, there is no validation set)."""
         from runtime.loader import Loader, TokenDataset
         from runtime.model import loss_fn
 
         self.args, self.plan, self.mesh, self.device, self.parts, self.handles = args, plan, mesh, device, parts, handles
         # All cp ranks of a replica load the same micro-batches; shard_sequence takes this cp rank's tokens.
         self.cp_rank, self.cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
-        prepared = ensure_prepared(args.data, out / "data", rank=rank)
-        self.val_set = TokenDataset(prepared, "validation")
         mbs, self.gas, seq = plan.micro_batch_size, plan.grad_accumulation_steps, plan.job.seq_len
-        self.loader = Loader(TokenDataset(prepared, "train"), seq_len=seq, micro_batch=mbs,
-                             dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=args.seed,
-                             grad_accumulation=self.gas)
+        self.val_set = None
+        if loader is None:
+            from runtime.dataprep.cache import ensure_prepared
+
+            prepared = ensure_prepared(args.data, out / "data", rank=rank)
+            self.val_set = TokenDataset(prepared, "validation")
+            loader = Loader(TokenDataset(prepared, "train"), seq_len=seq, micro_batch=mbs,
+                            dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=args.seed,
+                            grad_accumulation=self.gas)
+        self.loader = loader
         self.tokens_per_step = plan.job.global_batch * seq
         self.runner = None
         if plan.mesh.pp > 1:

@@ -19,7 +19,7 @@ H100 and A100-80GB benchmark tables once the loss is its fused kernel (LOSS_BYTE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -420,3 +420,55 @@ def rank_parameters(plan: Plan, pp_rank: int) -> int:
     sharded = plan.sharding.kind.value in ("fsdp", "fsdp-grad-op", "hsdp")
     group = plan.mesh.dp_shard * plan.mesh.cp if sharded else 1
     return round(total / plan.mesh.tp / group)
+
+
+def in_flight_on_rank(pp: int, gas: int, vpp: int, schedule: int, pp_rank: int) -> float:
+    """Micro-batches whose activations pipeline rank `pp_rank` holds at once (in units of its
+    whole stage): all of them in GPipe, min(pp - k, m) in 1F1B (rank k's warm-up of pp - k - 1
+    forwards, plus one), and ((v-1) pp + 2 (pp - k - 1) + 1) / v in interleaved 1F1B (Megatron's
+    warm-up of its chunks); at k = 0 and k = pp - 1, microbatches_in_flight and _last."""
+    if schedule == SC_NONE or pp == 1:
+        return 1.0
+    if schedule == SC_GPIPE:
+        return float(gas)
+    if schedule == SC_INTERLEAVED:
+        return float(min(((vpp - 1) * pp + 2 * (pp - pp_rank - 1) + 1) / vpp, gas))
+    return float(min(pp - pp_rank, gas))
+
+
+def rank_memory(plan: Plan, pp_rank: int) -> dict[str, float]:
+    """The planner's memory for a rank of pipeline rank `pp_rank`, in bytes by category
+    (parameters with a DPO reference, gradients, optimizer, activations, buffers, reserve):
+    the plan's layout predicted again (planner/cost/step.py evaluate, the busiest rank), then,
+    with a pipeline, this rank's own share: model states and gathered blocks in proportion to
+    the parameters it holds (rank_parameters), its blocks' activations times the micro-batches
+    it holds in flight (in_flight_on_rank), the last stage's loss and final norm on the last
+    rank only, and the reserve on that churn."""
+    from planner.cost.step import evaluate
+    from planner.schema.figures import framework_machine
+
+    model, job = plan.model, plan.job
+    lay = Layouts.from_plan(plan)
+    mem = evaluate(model, plan.machine, job, lay, ddp_buckets_mb=(plan.sharding.ddp_bucket_mb,)).memory
+    out = {"parameters": float(mem.parameters[0]), "gradients": float(mem.gradients[0]),
+           "optimizer": float(mem.optimizer[0]), "activations": float(mem.activations[0]),
+           "buffers": float(mem.buffers[0]), "reference": float(np.asarray(mem.reference).reshape(-1)[0])}
+    machine = framework_machine(plan.machine, job.framework)
+    if plan.mesh.pp > 1:
+        sharded = plan.sharding.kind.value in ("fsdp", "fsdp-grad-op", "hsdp")
+        group = plan.mesh.dp_shard * plan.mesh.cp if sharded else 1
+        heaviest = float(stage_params(model, lay)[0]) / plan.mesh.tp / group
+        ratio = rank_parameters(plan, pp_rank) / heaviest
+        for key in ("parameters", "gradients", "optimizer", "reference", "buffers"):
+            out[key] *= ratio
+        unit = replace(lay, mbs=lay.mbs * job.sequences_per_sample)  # dpo: 2 mbs sequences (step.unit_costs)
+        per_mb, working, last = (float(x[0]) for x in activation_parts(model, machine, job, unit))
+        stages = [s for s in plan.pipeline.stages if s.pp_rank == pp_rank]
+        blocks = sum(s.last_layer - s.first_layer for s in stages)
+        per_mb *= blocks / np.ceil(model.layers / plan.mesh.pp)
+        held = in_flight_on_rank(plan.mesh.pp, plan.grad_accumulation_steps, plan.pipeline.virtual_stages,
+                                 int(lay.schedule[0]), pp_rank)
+        out["activations"] = per_mb * held + (last if pp_rank == plan.mesh.pp - 1 else working)
+    out["parameters"] += out.pop("reference")
+    out["reserve"] = float(reserve_bytes(machine, out["activations"] + out["buffers"]))
+    return {k: float(v) for k, v in out.items()}

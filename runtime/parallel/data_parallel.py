@@ -251,16 +251,19 @@ class DataParallelHandle:
     # --------------------------------------------------------------------- optimizer
 
     def build_optimizer(self, lr: float, betas: tuple[float, float] = (0.9, 0.95), weight_decay: float = 0.0,
-                        eps: float = 1e-8) -> torch.optim.Optimizer:
+                        eps: float = 1e-8, foreach: bool = True) -> torch.optim.Optimizer:
         """AdamW over this part's parameters (for ZeRO: over this rank's shard of them).
-        The model must be materialised (to_empty) first."""
+        The model must be materialised (to_empty) first. foreach=False: the per-tensor update,
+        the same arithmetic (exaplan check: torch's memory tracker misreads the foreach
+        kernels' optimizer state under fake tensors)."""
         if any(p.is_meta for p in self.model.parameters()):
             raise RuntimeError("build_optimizer: materialise the model first (to_empty, init_weights)")
         if self.ddp_pending:
             self._wrap_ddp()
         if self.kind in (Sharding.zero1, Sharding.zero2):
             self.optimizer = ZeroOptimizer(self.model, self.dp_mesh, 1 if self.kind == Sharding.zero1 else 2,
-                                           self.bucket_mb, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                                           self.bucket_mb, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                           foreach=foreach)
             # A pipeline schedule runs the micro-batches' backwards without the handle's
             # no_sync: zero1 then reduces at the step.
             names = self.mesh.mesh_dim_names or ()
@@ -273,9 +276,10 @@ class DataParallelHandle:
             # for the whole update instead of a foreach chain of them.
             params = [p for p in self.model.parameters() if p.requires_grad]
             groups = _param_groups(params)
-            fused = bool(params) and all(p.device.type == "cuda" and not isinstance(p, DTensor) for p in params)
+            fused = foreach and bool(params) and all(p.device.type == "cuda" and not isinstance(p, DTensor) for p in params)
             self.optimizer = torch.optim.AdamW([{"params": g} for g in groups], lr=lr, betas=betas, eps=eps,
-                                               weight_decay=weight_decay, **({"fused": True} if fused else {"foreach": True}))
+                                               weight_decay=weight_decay,
+                                               **({"fused": True} if fused else {"foreach": foreach}))
         return self.optimizer
 
     # ----------------------------------------------------------------------- clipping

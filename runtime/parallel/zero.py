@@ -120,7 +120,7 @@ class ZeroOptimizer(torch.optim.AdamW):
 
     def __init__(self, model: nn.Module, dp_mesh: DeviceMesh, stage: int, bucket_mb: float = 25.0, *,
                  lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, foreach: bool = True):
         if stage not in (1, 2):
             raise ValueError(f"ZeRO stage must be 1 or 2, not {stage}")
         self.stage = stage
@@ -144,7 +144,7 @@ class ZeroOptimizer(torch.optim.AdamW):
         self.owners = [dist.get_global_rank(self.group, r) for r in range(self.dp_size)] if self.gloo else []
         # Every master shard is a plain fp32 tensor: torch's foreach kernels take them all.
         super().__init__([b.master for b in self.buckets], lr=lr, betas=betas, eps=eps,
-                         weight_decay=weight_decay, foreach=True)
+                         weight_decay=weight_decay, foreach=foreach)
 
     # ---------------------------------------------------------------------------- buckets
 

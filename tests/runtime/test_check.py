@@ -1,5 +1,7 @@
 """`exaplan check`: ranks of committed plans built at their full size on torch's fake process
-group by the runtime's own parallelisation, the parameters they hold against the planner's."""
+group by the runtime's own parallelisation and stepped under fake tensors: the parameters they
+hold, their peak memory by category (torch's MemTracker) and the collectives of a step, against
+the planner's figures for the same rank."""
 
 from __future__ import annotations
 
@@ -10,29 +12,60 @@ import pytest
 pytest.importorskip("torch")
 
 from cli.main import main  # noqa: E402
-from planner.cost.memory import rank_parameters  # noqa: E402
+from planner.cost.memory import rank_memory, rank_parameters  # noqa: E402
 from planner.schema.plan import load_plan  # noqa: E402
-from runtime.check import check_rank, ranks_of  # noqa: E402
+from planner.schema.plan import Communicator  # noqa: E402
+from runtime.check import CATEGORIES, check_rank, ranks_of  # noqa: E402
 from tests.export.export_plans import ROOT  # noqa: E402
 
-AURORA = ROOT / "plans/protein-3.5b_aurora_3200n.yaml"  # 38,400 ranks, pipelined
+AURORA = ROOT / "plans/protein-3.5b_aurora_3200n.yaml"  # 38,400 ranks, pipelined (pp 16, DDP 2400)
 PIPELINED = ROOT / "plans/protein-3.5b_alps_2060n.yaml"  # pp 4 x hsdp 412 x 5
+FSDP = ROOT / "plans/protein-7b_dgx-h100_16n.yaml"  # fsdp-grad-op over 128 ranks, 8 sequences a rank
 
 
-def test_the_seed_machine_plan_builds_at_full_size(capsys):
+def test_the_seed_machine_plan_steps_at_full_size(capsys):
+    """Both ends of the Aurora pipeline step at 38,400 ranks: the JSON the issue names, the
+    parameters exact, the pipeline's sends and the gradient all-reduce as the plan's table
+    says, and the exit code that of the verdicts."""
     plan = load_plan(AURORA)
-    assert main(["check", str(AURORA), "--ranks", "first,last", "--json"]) == 0
+    rc = main(["check", str(AURORA), "--ranks", "first,last", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert [r["rank"] for r in rows] == [0, plan.world_size - 1]
+    assert rc == (0 if all(r["agrees"] and r["fits"] for r in rows) else 1)
+    table = {k.value: c.bytes_per_step for k, c in plan.collectives.communicators.items()}
     for r in rows:
-        assert r["agrees"] and abs(r["parameter_error"]) <= 0.03 and r["parameters"] > 0
+        assert r["stepped"] and abs(r["parameter_error"]) <= 0.03 and r["parameters"] > 0
+        assert r["torch_peak_memory_gib"] > 0 and r["predicted_total_gib"] > r["predicted_memory_gib"] > 0
+        assert set(r["torch_memory_gib"]) == set(CATEGORIES) <= set(r["predicted_gib"])
+        assert sum(r["torch_memory_gib"].values()) == pytest.approx(r["torch_peak_memory_gib"], rel=1e-9)
+        sent = sum(c["total_bytes"] for c in r["collectives"] if c["mesh_dim"] == "pp" and c["op"] in ("send", "recv"))
+        reduced = sum(c["total_bytes"] for c in r["collectives"] if c["mesh_dim"] == "dp_cp" and c["op"] == "all_reduce")
+        assert sent == pytest.approx(table["pp"], rel=0.05) and reduced == pytest.approx(table["dp"], rel=0.05)
+        # model states: the fp32 master and the bf16 copy the replicate policy gathers, AdamW's moments
+        held = r["torch_memory_gib"]
+        assert held["parameters"] + held["buffers"] == pytest.approx(r["predicted_gib"]["parameters"], rel=0.01)
+        assert held["optimizer"] == pytest.approx(r["predicted_gib"]["optimizer"], rel=0.01)
+    assert abs(rows[0]["memory_error"]) <= 0.10  # the first stage, the busiest
+
+
+def test_a_sharded_plans_memory_and_traffic_are_predicted():
+    """fsdp-grad-op at 128 ranks: the planner's tensor memory within 10% of torch's at the
+    peak on both ends of the world, the gathers and reduce-scatters as the table says."""
+    plan = load_plan(FSDP)
+    for rank in ranks_of(plan, "first,last"):
+        seen = check_rank(plan, rank, rank_parameters, rank_memory)
+        assert seen.passed and seen.fits and seen.planner_fits
+        assert abs(seen.memory_error) <= 0.10, seen.memory_error
+        moved = sum(c.total_bytes for c in seen.collectives if c.mesh_dim == "dp_shard")
+        assert moved == pytest.approx(plan.collectives.communicators[Communicator.dp].bytes_per_step, rel=0.05)
+        assert {c.op for c in seen.collectives if c.total_bytes > 1e6} == {"all_gather", "reduce_scatter"}
 
 
 def test_every_stage_holds_what_the_planner_counts():
     plan = load_plan(PIPELINED)
     ranks = ranks_of(plan, "stages")
     assert len(ranks) == plan.mesh.pp
-    seen = [check_rank(plan, r, rank_parameters) for r in ranks]
+    seen = [check_rank(plan, r, rank_parameters, step=False) for r in ranks]
     assert [c.pp_rank for c in seen] == list(range(plan.mesh.pp))
     assert all(c.agrees for c in seen), [(c.rank, c.parameter_error) for c in seen]
     # the first stage holds the embedding, the last the head: different counts, each matched
@@ -41,7 +74,7 @@ def test_every_stage_holds_what_the_planner_counts():
 
 def test_a_disagreement_exits_1(monkeypatch, capsys):
     monkeypatch.setattr("planner.cost.memory.rank_parameters", lambda plan, pp_rank: 1)
-    assert main(["check", str(AURORA), "--ranks", "0"]) == 1
+    assert main(["check", str(AURORA), "--ranks", "0", "--no-step"]) == 1
     assert "DISAGREES" in capsys.readouterr().out
 
 
@@ -54,11 +87,11 @@ def test_bad_ranks_exit_2(ranks, words, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", sorted((ROOT / "plans").rglob("*.yaml")), ids=lambda p: str(p.relative_to(ROOT / "plans")))
-def test_every_committed_plan_builds_first_and_last_rank(path):
+def test_every_committed_plan_steps_first_and_last_rank(path):
     plan = load_plan(path)
     for rank in ranks_of(plan, "first,last"):
-        seen = check_rank(plan, rank, rank_parameters)
-        assert seen.agrees, (rank, seen.parameter_error)
+        seen = check_rank(plan, rank, rank_parameters, rank_memory)
+        assert seen.stepped and abs(seen.parameter_error) <= 0.03, (rank, seen.parameter_error)
 
 
 def test_a_tampered_plan_is_refused_and_nothing_is_built(tmp_path, capsys):
