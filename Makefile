@@ -62,6 +62,8 @@ test-all: venv
 
 # Search speed, then the what-if sweep (in process: the planner's share) and the whole
 # `exaplan whatif ... --report` command (target 10 s on a 2-core machine, report included);
+# `exaplan check` of the Aurora plan's first and last rank (target under a minute a rank; a
+# rank that disagrees with the planner exits 1, recorded all the same: the leading -);
 # then bench-runtime and bench-jax. Each benchmark's results (the machine as detected, the
 # date, the command, the figures) go to docs/results/bench-*.json through benchmarks/record.py
 # (RECORD), the latest run of each, which the docs site's "Benchmark results" page renders.
@@ -70,6 +72,8 @@ bench: venv
 	$(RECORD) search --out docs/results/bench-search.json -- $(BIN)/python -m planner.bench --json
 	$(RECORD) whatif --out docs/results/bench-whatif.json -- $(BIN)/python -m planner.bench --whatif --json \
 		--report-dir runs/bench-whatif
+	-$(RECORD) check --out docs/results/bench-check.json -- $(BIN)/exaplan check plans/protein-3.5b_aurora_3200n.yaml \
+		--ranks first,last --json
 	$(MAKE) bench-runtime
 	$(MAKE) bench-jax
 

@@ -115,6 +115,25 @@ def jax_tables(figures: dict) -> tuple[list[dict], list[str]]:
     return [table], [*plans, jx.METHOD.format(warmup=figures["config"]["warmup"]), *_failures(figures)]
 
 
+CHECK_TARGET_S = 60.0  # issue 50: a rank of the 3,200-node Aurora plan in under a minute on this machine
+
+
+def check_tables(figures: list[dict]) -> tuple[list[dict], list[str]]:
+    """exaplan check --json: one row per rank (its build, two fake-tensor steps, the accounting)."""
+    cols = ["rank", "pipeline rank", "seconds", "target, s", "torch peak, GiB", "planner, GiB", "error", "verdict"]
+    rows, notes = [], []
+    for r in figures:
+        if "error" in r:
+            notes.append(f"rank {r['rank']} failed: {str(r['error'])[:300]}")
+            continue
+        err = r.get("memory_error")
+        rows.append([f"{r['rank']:,}", str(r["pp_rank"]), f"{r['seconds']:.1f}", f"{CHECK_TARGET_S:g}",
+                     _f(r.get("torch_peak_memory_gib"), ".2f"), _f(r.get("predicted_memory_gib"), ".2f"),
+                     "—" if err is None else f"{err:+.1%}", "fits" if r.get("fits") else "does not fit"])
+    return [{"caption": "exaplan check: a rank of the plan at full size on a fake process group", "columns": cols,
+             "rows": rows}], notes
+
+
 def gpu_tables(figures: dict) -> tuple[list[dict], list[str]]:
     """benchmarks.gpu_check's gpu_check.json: its own Markdown table, verbatim."""
     from benchmarks import gpu_check
@@ -123,7 +142,8 @@ def gpu_tables(figures: dict) -> tuple[list[dict], list[str]]:
              "markdown": gpu_check.table(figures)}], _failures(figures)
 
 
-TABLES = {"search": search_tables, "whatif": whatif_tables, "runtime": runtime_tables, "jax": jax_tables,
+TABLES = {"search": search_tables, "whatif": whatif_tables, "check": check_tables, "runtime": runtime_tables,
+          "jax": jax_tables,
           "gpu": gpu_tables, "gpu-jax": gpu_tables}
 
 

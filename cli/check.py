@@ -6,11 +6,6 @@ import argparse
 
 from cli.common import add_json_option, console, print_json
 
-# The plan's communicator a mesh dimension's collectives belong to.
-COMMUNICATOR_OF = {"dp": "dp", "dp_cp": "dp", "dp_replicate": "dp", "dp_shard": "dp", "dp_shard_cp": "dp",
-                   "tp": "tp", "pp": "pp", "cp": "cp"}
-
-
 def add_parser(sub) -> None:
     x = sub.add_parser(
         "check", help="run ranks of a plan at full size on a fake process group: memory and collectives",
@@ -23,8 +18,8 @@ def add_parser(sub) -> None:
                     "bytes, beside the plan's communicator table. Verdict: torch's peak plus the planner's reserve "
                     "against the device's memory. Exit 1 when a rank fails to build or step, disagrees with the "
                     "planner (parameters beyond 3%, memory beyond 10%) or does not fit where the planner says it "
-                    "does; 2 for bad input. DPO plans step the policy as pretraining (the reference is built by the "
-                    "planner's count only). About 5-15 s a rank for the committed plans.")
+                    "does; 2 for bad input. DPO plans step as `exaplan run` does, their reference model "
+                    "built and run on synthetic pairs. About 5-15 s a rank for the committed plans.")
     x.add_argument("plan", help="plan file (YAML or JSON)")
     x.add_argument("--ranks", default="first,last",
                    help="comma-separated: first, last, stages (the first rank of each pipeline stage) or rank numbers "
@@ -102,6 +97,8 @@ def report(out, plan, results, failed) -> None:
     if stepped:
         out.print(_categories(stepped))
         out.print(_collectives(plan, stepped))
+    for note in sorted({r.note for r in results if r.note}):
+        out.print(f"note: {note}")
     for rank, error in failed:
         out.print(f"rank {rank:,} failed: {error}")
 
@@ -121,18 +118,10 @@ def _categories(results):
     return t
 
 
-def communicator_bytes(plan, result) -> dict[str, tuple[int, float | None]]:
-    """Per communicator: (the bytes the rank's measured step moved over it, the plan's table)."""
-    table = {k.value: c.bytes_per_step for k, c in plan.collectives.communicators.items()}
-    moved: dict[str, int] = {}
-    for c in result.collectives:
-        name = COMMUNICATOR_OF.get(c.mesh_dim, c.mesh_dim)
-        moved[name] = moved.get(name, 0) + c.total_bytes
-    return {k: (moved.get(k, 0), table.get(k)) for k in sorted(set(moved) | set(table))}
-
-
 def _collectives(plan, results):
     from rich.table import Table
+
+    from runtime.check import COMMUNICATOR_OF, communicator_bytes
 
     t = Table(title="collectives of one step (op x calls, bytes a call): measured / the plan's communicator table")
     for name in ("rank", "communicator", "collectives", "bytes measured", "plan", "error"):

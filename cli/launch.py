@@ -57,6 +57,10 @@ def add_parser(sub) -> None:
                    "maxtext.trainers.pre_train.train)")
     p.add_argument("--export-dir", metavar="DIR", help="where --framework writes the exported files (default: "
                    "beside the job script, SCRIPT-TARGET/)")
+    p.add_argument("--check", action="store_true",
+                   help="pre-flight: run the plan's first and last rank at full size on a fake process group (exaplan "
+                        "check: a training step under fake tensors, torch's memory against the planner's and the "
+                        "device's) before writing the script; a failed check writes nothing and exits 1")
     p.add_argument("-o", "--output", required=True, help="the job script to write")
     p.add_argument("--run-args", default="", metavar='"OPTIONS"',
                    help='options of `exaplan run`, one quoted string: --run-args="--steps 5000 --ckpt-every 500"')
@@ -76,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if args.calibrate:
         if args.plan or args.run_args:
             raise PlanError("--calibrate takes no plan and no run options", field="--calibrate")
+        if args.check:
+            raise PlanError("--check runs a plan's ranks: a --calibrate job has none", field="--check")
         if not args.machine:
             raise PlanError("--calibrate needs the machine to calibrate", field="--machine")
         job = launch.calibrate_job(load_machine(args.machine), args.machine, args)
@@ -86,16 +92,36 @@ def run(args: argparse.Namespace) -> int:
 
         plan = load_plan(args.plan)
         machine = load_machine(args.machine or plan.machine.name)
+        if args.framework and args.check:
+            raise PlanError("checks exaplan's own runtime at full size, not a framework's: run `exaplan check PLAN` "
+                            "for the layout, or drop --check", field="--check")
         if args.framework:
             return _framework(args, plan, machine)
         if args.entry:
             raise PlanError("--entry runs a framework's entry point: give --framework too", field="--entry")
         job = launch.plan_job(plan, machine, args)
+        if args.check and not _preflight(plan):
+            return 1
     launch.write_script(job)
     print(f"wrote {job.script}: {job.scheduler.value}, {job.nodes} node(s) x {job.ranks_per_node} ranks, "
           f"walltime {job.walltime}, staging {job.stage}")
     print(f"submit: {launch.submit_hint(job)}")
     return 0
+
+
+def _preflight(plan) -> bool:
+    """--check: the plan's first and last rank at full size (cli/check.py); the report printed."""
+    from cli.check import check_plan, passed, report
+    from cli.common import console
+    from runtime.check import ranks_of
+
+    out = console()
+    results, failed = check_plan(plan, ranks_of(plan, "first,last"), out=out)
+    report(out, plan, results, failed)
+    if not passed(results, failed):
+        out.print("pre-flight check failed: no job script written (exaplan check for the details)")
+        return False
+    return True
 
 
 def _framework(args: argparse.Namespace, plan, machine) -> int:

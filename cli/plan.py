@@ -22,6 +22,11 @@ def add_parser(sub) -> None:
                    "megatron -> Megatron-LM, deepspeed -> Megatron-DeepSpeed, torchtitan, maxtext; --export-to picks another)")
     p.add_argument("--export-to", metavar="TARGET", help="the export target of --export when not the framework's own "
                    "(e.g. deepspeed: a ds_config.json for your own model)")
+    p.add_argument("--check", action="store_true",
+                   help="before writing, run the best layout's first and last rank at full size on a fake process "
+                        "group (exaplan check: a training step under fake tensors, torch's memory against the "
+                        "planner's); a layout that fails or disagrees gives way to the next of the top K; exit 1, "
+                        "nothing written, when none passes (exaplan's own runtime: --framework exaplan, --backend torch)")
     p.add_argument("--draws", type=int, default=200,
                    help="draws of the fitted figures within their uncertainty to test whether the first choice stays "
                         "first (default 200; 0: skip)")
@@ -94,7 +99,15 @@ def run(args: argparse.Namespace) -> int:
         with out.status(f"searching layouts of {model.name} on {args.nodes} x {machine.name} ..."):
             result = search(model, machine, job, args.nodes, top_k=args.top, pins=pins)
     lay, ev = result.layouts, result.evaluation
-    plan = build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line(), backend=args.backend)
+    checked = None
+    if args.check:
+        checked = _check_layouts(model, machine, job, args, lay, ev, out)
+        if checked["chosen"] is None:
+            if args.json:
+                print_json(dict(check=checked, plan_file=None))
+            return 1
+    chosen = checked["chosen"] if checked else 0
+    plan = build_plan(model, machine, job, args.nodes, lay, ev, chosen, command=command_line(), backend=args.backend)
     exported = _export(plan, args) if args.export else None  # refused before anything is written
     if exported is not None:
         from export.base import check_folder
@@ -119,13 +132,43 @@ def run(args: argparse.Namespace) -> int:
                         top=[dict(layout=layout_label(lay, i), **evaluation_json(ev, i, u)) for i in range(len(lay))],
                         why=why_best(lay, ev), uncertainty=u.as_json(),
                         robustness=robust.as_json(labels) if robust else None,
-                        plan_file=None if args.no_write else args.output, plan=plan.model_dump(mode="json")))
+                        plan_file=None if args.no_write else args.output, plan=plan.model_dump(mode="json"),
+                        **({"check": checked} if checked else {})))
         return 0
     _print(out, args, model, machine, job, result, plan, stats)
     out.print(uncertainty_line(u))
     if robust:
         out.print(robustness_line(robust, result.finalists))
     return 0
+
+
+def _check_layouts(model, machine, job, args, lay, ev, out) -> dict:
+    """--check: the top layouts in order, each checked at full size (first and last rank), until
+    one passes. {"chosen": its index or None, "layouts": [{layout, passed, ranks}]}."""
+    from cli.check import check_plan, passed, report
+    from planner.emit import build_plan
+    from planner.report import layout_label
+    from runtime.check import ranks_of
+
+    if job.framework.name != "exaplan" or args.backend == "jax":
+        raise PlanError("checks exaplan's torch runtime at full size: plan with --framework exaplan and the torch "
+                        "backend, or check an exported layout with the framework's own tools", field="check")
+    tried = []
+    for i in range(len(lay)):
+        plan = build_plan(model, machine, job, args.nodes, lay, ev, i, backend=args.backend)
+        results, failed = check_plan(plan, ranks_of(plan, "first,last"), out=out)
+        ok = passed(results, failed)
+        tried.append({"layout": layout_label(lay, i), "passed": ok,
+                      "ranks": [r.as_json() for r in results] + [{"rank": r, "error": e} for r, e in failed]})
+        if out is not None:
+            report(out, plan, results, failed)
+            out.print(f"check of layout {i + 1} ({layout_label(lay, i)}): " + ("passed" if ok else
+                      "FAILED" + (", trying the next" if i + 1 < len(lay) else "")))
+        if ok:
+            return {"chosen": i, "layouts": tried}
+    if out is not None:
+        out.print(f"none of the top {len(lay)} layouts passed the check at full size: no plan written")
+    return {"chosen": None, "layouts": tried}
 
 
 # The export target of each framework profile (`plan --framework F --export DIR`).

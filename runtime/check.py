@@ -19,14 +19,17 @@ Torch's categories at the peak, as the planner's are named:
     optimizer    OPT (AdamW's moments; ZeRO's fp32 master shards are parameters of it)
     activations  ACT and TEMP (what the step keeps for backward and its working tensors)
 
-DPO plans step as pretraining (the policy's forward and backward, no reference pass): their
-check builds and steps the policy; the reference model's memory is the planner's figure.
+DPO plans step as `exaplan run` steps them (runtime/dpo.py DPOTask, on a micro-batch of
+synthetic pairs): the reference model built in the plan's layout, its forward over each
+micro-batch's pairs, then the policy's forward and backward; the reference's parameters count
+as parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 
 from planner.schema.errors import PlanError
@@ -39,6 +42,9 @@ PARAMETER_TOLERANCE = 0.03
 # The planner's tensor memory against torch's accounting (issue 50's target on committed plans).
 MEMORY_TOLERANCE = 0.10
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations")
+# The plan's communicator a mesh dimension's collectives belong to.
+COMMUNICATOR_OF = {"dp": "dp", "dp_cp": "dp", "dp_replicate": "dp", "dp_shard": "dp", "dp_shard_cp": "dp",
+                   "tp": "tp", "pp": "pp", "cp": "cp"}
 
 
 @dataclass
@@ -76,6 +82,7 @@ class RankCheck:
     fits: bool | None = None  # torch's peak + reserve within the device's memory
     planner_fits: bool | None = None
     collectives: list[Collective] = field(default_factory=list)
+    note: str | None = None  # why the rank was built but not stepped
 
     def as_json(self) -> dict:
         out = asdict(self)
@@ -156,17 +163,27 @@ def check_rank(plan: Plan, rank: int, predicted_parameters, predicted_memory=Non
             t = p.to_local() if isinstance(p, DTensor) else p
             held, held_bytes = held + t.numel(), held_bytes + t.numel() * t.element_size()
         del p, t
-        measured = _step(plan, mesh, parts, handles, rank) if step else None
+        note = _not_steppable(handles) if step else None
+        measured = _step(plan, mesh, parts, handles, rank) if step and note is None else None
     predicted = predicted_parameters(plan, pp_rank)
     error = held / predicted - 1
     out = RankCheck(rank=rank, pp_rank=pp_rank, parameters=held, predicted_parameters=predicted,
-                    parameter_error=error, agrees=-PARAMETER_TOLERANCE <= error <= PARAMETER_TOLERANCE, seconds=0.0)
+                    parameter_error=error, agrees=-PARAMETER_TOLERANCE <= error <= PARAMETER_TOLERANCE, seconds=0.0,
+                    note=note)
     if measured is not None:
-        snapshot, collectives = measured
-        _memory_verdict(out, plan, snapshot, held_bytes, predicted_memory(plan, pp_rank) if predicted_memory else None)
+        snapshot, collectives, reference_bytes = measured
+        _memory_verdict(out, plan, snapshot, held_bytes + reference_bytes, predicted_memory(plan, pp_rank) if predicted_memory else None)
         out.collectives = collectives
     out.seconds = time.perf_counter() - start
     return out
+
+
+def _not_steppable(handles) -> str | None:
+    """Why this rank's step cannot run under fake tensors, or None."""
+    if any(h.ddp_pending or h.ddp is not None for h in handles):
+        return ("torch's DistributedDataParallel (sharding.ddp_impl: ddp) cannot step under fake tensors: its C++ "
+                "reducer reads the gradients' storage; built and counted, not stepped")
+    return None
 
 
 def _step(plan: Plan, mesh, parts, handles, rank: int):
@@ -187,12 +204,21 @@ def _step(plan: Plan, mesh, parts, handles, rank: int):
             part.to_empty(device=device)
             part.setup_rope(device, plan.job.seq_len)
         optimizers = [h.build_optimizer(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=False) for h in handles]
-        loader = SyntheticLoader(plan.job.seq_len, plan.micro_batch_size, mesh["dp"].get_local_rank(), mesh["dp"].size(),
-                                 seed=0, grad_accumulation=plan.grad_accumulation_steps)
-        args = argparse.Namespace(io_mode="synthetic", seed=0)
-        task = PretrainTask(args, plan, mesh, device, parts, handles, None, rank, loader=loader)
+        if plan.job.workload.value == "dpo":
+            from runtime.dpo import DPOTask
+
+            args = argparse.Namespace(io_mode="synthetic", seed=0, beta=None, label_smoothing=0.0, pairs=None,
+                                      reference=None, init=None, precompute_reference=False, val_pairs=None)
+            pairs = _synthetic_pairs(plan)
+            task = DPOTask(args, plan, mesh, device, parts, handles, None, _fake_build, pair_sets=(pairs, pairs))
+        else:
+            loader = SyntheticLoader(plan.job.seq_len, plan.micro_batch_size, mesh["dp"].get_local_rank(),
+                                     mesh["dp"].size(), seed=0, grad_accumulation=plan.grad_accumulation_steps)
+            args = argparse.Namespace(io_mode="synthetic", seed=0)
+            task = PretrainTask(args, plan, mesh, device, parts, handles, None, rank, loader=loader)
         if task.runner is not None:
             _static_warmup(task.runner.schedule)
+        reference = list(getattr(task, "ref_parts", None) or [])
 
         def one_step():
             task.step()
@@ -203,12 +229,49 @@ def _step(plan: Plan, mesh, parts, handles, rank: int):
 
         one_step()  # creates the optimizer's state
         tracker = _peak_tracker()
-        tracker.track_external(*parts, *optimizers)
+        tracker.track_external(*parts, *reference, *optimizers)
         recorder = CollectiveRecorder(mesh)
-        with tracker, recorder:
+        with tracker, recorder, warnings.catch_warnings():
+            # MemTracker warns of every None among a module's outputs (the pipeline's empty grads)
+            warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
             one_step()
         snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
-    return {str(k).split(".")[-1]: int(v) for k, v in snapshot.items()}, recorder.table()
+    return {str(k).split(".")[-1]: int(v) for k, v in snapshot.items()}, recorder.table(), _local_bytes(reference)
+
+
+def _local_bytes(parts) -> int:
+    """Bytes of the parameters these model parts hold on this rank (their local shards)."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for p in (p for part in parts for p in part.parameters()):
+        t = p.to_local() if isinstance(p, DTensor) else p
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _fake_build(plan: Plan, mesh, device, seed: int):  # noqa: ARG001 (runtime/build.py build_model's signature)
+    """build_model under fake tensors: the runtime's parallelisation, materialised without
+    storage or initialisation (DPO's reference model)."""
+    from runtime.build import parallel_parts
+
+    parts, handles = parallel_parts(plan, mesh)
+    for part in parts:
+        part.to_empty(device=device)
+        part.setup_rope(device, plan.job.seq_len)
+    return parts, handles
+
+
+def _synthetic_pairs(plan: Plan):
+    """A micro-batch's worth of (chosen, rejected) pairs of random residues, full length."""
+    import numpy as np
+
+    from runtime.dpo_pairs import PairSet
+    from runtime.loader import synthetic_batch
+
+    n = plan.micro_batch_size
+    rows = synthetic_batch(0, 0, 2 * n, plan.job.seq_len).astype(np.uint8)
+    return PairSet(np.stack([rows[:n], rows[n:]], axis=1), plan.job.seq_len, "synthetic")
 
 
 def _peak_tracker():
@@ -227,7 +290,8 @@ def _peak_tracker():
         def _pre_fw_hook(self, module, inputs):  # noqa: ARG002 (the hook's signature)
             if module not in self.memory_tracking:  # first call: its parameters and their gradients' hooks
                 stats = _ModMemStats(self._mod_tracker.get_known_fqn(module))
-                stats.parameter_mem, stats.buffer_mem = self._track_module_params_and_buffers(module, install_grad_hooks=True)
+                trained = all(p.requires_grad for p in module.parameters())  # not DPO's frozen reference
+                stats.parameter_mem, stats.buffer_mem = self._track_module_params_and_buffers(module, install_grad_hooks=trained)
                 self.memory_tracking[module] = stats
             elif self._mod_tracker.is_bw and self._ac_mod is None:  # a recomputed block's forward in backward
                 self._ac_mod = weakref.ref(module)
@@ -392,3 +456,13 @@ def _world() -> int:
     import torch.distributed as dist
 
     return dist.get_world_size()
+
+
+def communicator_bytes(plan, result) -> dict[str, tuple[int, float | None]]:
+    """Per communicator: (the bytes the rank's measured step moved over it, the plan's table)."""
+    table = {k.value: c.bytes_per_step for k, c in plan.collectives.communicators.items()}
+    moved: dict[str, int] = {}
+    for c in result.collectives:
+        name = COMMUNICATOR_OF.get(c.mesh_dim, c.mesh_dim)
+        moved[name] = moved.get(name, 0) + c.total_bytes
+    return {k: (moved.get(k, 0), table.get(k)) for k in sorted(set(moved) | set(table))}

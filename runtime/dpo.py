@@ -134,7 +134,9 @@ class DPOTask:
     backward (gradients left for the trainer's clip and optimizer), validate() the held-out
     pairs; state_dict() is the pair loader's position for checkpoints."""
 
-    def __init__(self, args, plan, mesh, device, parts, handles, out: Path, build_model):
+    def __init__(self, args, plan, mesh, device, parts, handles, out: Path | None, build_model, pair_sets=None):
+        """`pair_sets`: (train, validation) given in place of --pairs (exaplan check's synthetic
+        pairs); with `out` None the reference's log-probs are neither read nor written."""
         from runtime.parallel.pipeline import build_schedule
 
         self.args, self.plan, self.mesh, self.device, self.parts, self.handles = args, plan, mesh, device, parts, handles
@@ -144,7 +146,7 @@ class DPOTask:
         self.dp_rank, self.dp = mesh["dp"].get_local_rank(), mesh["dp"].size()
         self.cp_rank, self.cp = mesh["cp"].get_local_rank(), mesh["cp"].size()
         self.cp_group = mesh["cp"].get_group() if self.cp > 1 else None
-        self.train_set, self.val_set = load_pair_sets(args.pairs, self.seq)
+        self.train_set, self.val_set = pair_sets or load_pair_sets(args.pairs, self.seq)
         self.loader = PairLoader(self.train_set, self.mbs, self.dp_rank, self.dp, args.seed, self.gas)
         self.tokens_per_step = plan.job.tokens_per_step  # both sequences of every pair
         self.seen: list[int] = []
@@ -168,13 +170,13 @@ class DPOTask:
         self.ref_table: dict[str, torch.Tensor] | None = None
         source = args.reference or args.init
         key = self._reference_key(source)
-        path = out / REFERENCE_FILE
+        path = out / REFERENCE_FILE if out is not None else None
         # The plan may say so too (job.reference: precomputed; its memory estimate then has no reference model).
         self.precompute = args.precompute_reference or not plan.job.reference_in_step
         if self.precompute and plan.job.reference_in_step and dist.get_rank() == 0:
             print("note: the plan has the reference model in the step (job.reference: in-step): its predicted time, "
                   "memory and model FLOPs count a reference this run does not hold (--precompute-reference)", flush=True)
-        if self.precompute:
+        if self.precompute and path is not None:
             self.ref_table = self._load_table(path, key)
             if self.ref_table is not None and dist.get_rank() == 0:
                 print(f"reference log-probs: reusing {path}", flush=True)
@@ -193,7 +195,7 @@ class DPOTask:
                 with torch.no_grad():
                     self.ref_table = {"train": self._all_logps(self.ref_parts, self.ref_runner, self.train_set),
                                       "validation": self._all_logps(self.ref_parts, self.ref_runner, self.val_set)}
-                if dist.get_rank() == 0:
+                if dist.get_rank() == 0 and path is not None:
                     _save_table(path, key, self.ref_table)
                     print(f"reference log-probs of {len(self.train_set)} train and {len(self.val_set)} validation "
                           f"pairs in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
@@ -232,7 +234,7 @@ class DPOTask:
                     m.reshard()
             return logps
         self._captured = None
-        runner.evaluate(inputs, targets)
+        runner.forward_only(inputs, targets)
         return self._captured
 
     def _reference(self, batch: torch.Tensor, idx: np.ndarray, split: str) -> torch.Tensor | None:

@@ -15,6 +15,7 @@ for p in (str(HERE), str(ROOT)):
 
 import mkdocs_gen_files  # noqa: E402
 
+import check_page  # noqa: E402
 import cli_page  # noqa: E402
 import figures_page  # noqa: E402
 import local_page  # noqa: E402
@@ -27,6 +28,7 @@ PAGES = {
     "reference/results.md": results_page.render,
     "validation/published-rows.md": published_page.render,
     "validation/local-rows.md": local_page.render,
+    "validation/check-at-full-size.md": check_page.render,
 }
 
 for page, render in PAGES.items():

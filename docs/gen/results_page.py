@@ -18,6 +18,10 @@ BENCHMARKS = {
     "whatif": ("What-if speed", "make bench",
                "The what-if sweep of protein-3.5b over the five seed machines and 16-2,048 nodes "
                "(`python -m planner.bench --whatif`): in process, then the whole `exaplan whatif ... --report` command."),
+    "check": ("A rank at full size", "make bench",
+              "`exaplan check` on the 3,200-node Aurora plan (38,400 ranks): its first and last rank built on a fake "
+              "process group and stepped twice under fake tensors, memory and collectives accounted; the target "
+              "is under a minute a rank."),
     "runtime": ("exaplan run against plain torch", "make bench-runtime",
                 "`exaplan run` against hand-written torch loops of the same layouts (benchmarks/runtime_vs_torch.py): "
                 "ddp, fsdp, zero1, tp_sp and pp_1f1b on 2 CPU ranks, protein-small."),

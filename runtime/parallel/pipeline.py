@@ -162,7 +162,8 @@ class PipelineRunner:
     stage's rank only (None elsewhere).
 
     evaluate(tokens, targets): forward only, no gradients, for any batch [b, seq] (one call,
-    not split into micro-batches); returns loss_fn over it as a float on every pp rank.
+    not split into micro-batches); returns loss_fn over it as a float on every pp rank
+    (forward_only: the same, as a tensor).
     """
 
     def __init__(self, schedule, stages: list[PipelineStage], chunks: list[nn.Module], group: dist.ProcessGroup,
@@ -227,8 +228,14 @@ class PipelineRunner:
         loss = torch.stack([x.detach().float() for x in losses]).sum().to(self.device) if self.has_last else None
         return self._share_loss(loss)
 
+    def evaluate(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float | None:
+        out = self.forward_only(tokens, targets)
+        return float(out) if out is not None else None
+
     @torch.no_grad()
-    def evaluate(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float:
+    def forward_only(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """evaluate's pass, its loss left a 0-dim tensor (not read back: DPO's reference pass,
+        which takes what the loss captured, and a pass under fake tensors)."""
         from torch.distributed.fsdp import FSDPModule
 
         given = tokens if tokens is not None else targets
@@ -249,8 +256,7 @@ class PipelineRunner:
             for m in chunk.modules():  # leave FSDP parameters sharded, as after a training step
                 if isinstance(m, FSDPModule):
                     m.reshard()
-        out = self._share_loss(loss)
-        return float(out) if out is not None else None
+        return self._share_loss(loss)
 
 
 def build_schedule(chunks: Sequence[nn.Module], plan: Plan, pp_mesh_or_group, device: torch.device | str,

@@ -1,0 +1,204 @@
+"""The planner's memory model and communicator table against torch's accounting, at full size:
+`exaplan check` (runtime/check.py) over every committed plan and a sweep of layouts of every
+kind, the first and last rank of each, the errors tabled by memory category and layout kind.
+
+    python -m calibration.check_sweep [--out docs/results/check-sweep.json] [--workers 2]
+        [--only committed|sweep] [--limit N]
+
+Writes the JSON the docs page "Memory and traffic at full size" renders (docs/gen/check_page.py):
+per rank, the layout, torch's peak and categories, the planner's, and the bytes of each
+communicator measured against the plan's table. About 20 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs/results/check-sweep.json"
+
+# (name, model, machine, nodes, precision, workload, layout as Layouts.one takes it); every
+# sharding kind, the three schedules (interleaved with 2 virtual stages), every recompute
+# level, TP with and without SP, CP, accumulation, DPO, bf16 and fp32.
+_KINDS = ("none", "zero1", "zero2", "fsdp", "fsdp-grad-op", "hsdp")
+
+
+def sweep_cases() -> list[tuple[str, str, str, int, str, str, dict]]:
+    cases = []
+    m35, m7 = "protein-3.5b", "protein-7b"
+    for kind in _KINDS:  # data parallelism alone, two micro-batches accumulated
+        extra = {"shard_group": 8} if kind == "hsdp" else {}
+        cases.append((f"dp {kind}", m35, "dgx-h100", 4, "bf16", "pretrain", dict(dp=32, mbs=4, gas=2, sharding=kind, **extra)))
+        cases.append((f"dp {kind} fp32", m35, "dgx-h100", 4, "fp32", "pretrain",
+                      dict(dp=32, mbs=2, gas=4, sharding=kind, recompute="full", **extra)))
+    for level in ("none", "selective", "full", "selective-op"):
+        cases.append((f"fsdp recompute {level}", m7, "dgx-h100", 8, "bf16", "pretrain",
+                      dict(dp=64, mbs=8, gas=1, sharding="fsdp", recompute=level)))
+        cases.append((f"tp4 sp recompute {level}", m7, "dgx-h100", 4, "bf16", "pretrain",
+                      dict(dp=8, tp=4, mbs=4, gas=2, sharding="fsdp", recompute=level)))
+    for tp in (2, 8):
+        cases.append((f"tp{tp} no sp", m35, "dgx-h100", 4, "bf16", "pretrain",
+                      dict(dp=32 // tp, tp=tp, mbs=4, gas=2, sharding="fsdp", sp=False)))
+        cases.append((f"tp{tp} sp zero1", m35, "dgx-h100", 4, "bf16", "pretrain",
+                      dict(dp=32 // tp, tp=tp, mbs=4, gas=2, sharding="zero1")))
+    for schedule, vpp in (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2)):
+        for kind in ("none", "zero1", "fsdp", "hsdp"):
+            extra = {"shard_group": 2} if kind == "hsdp" else {}
+            cases.append((f"pp4 {schedule} {kind}", m35, "dgx-h100", 4, "bf16", "pretrain",
+                          dict(dp=8, pp=4, mbs=2, gas=8, schedule=schedule, vpp=vpp, sharding=kind, **extra)))
+        cases.append((f"pp2 tp2 {schedule} recompute full", m7, "dgx-h100", 4, "bf16", "pretrain",
+                      dict(dp=8, pp=2, tp=2, mbs=2, gas=8, schedule=schedule, vpp=vpp, sharding="fsdp", recompute="full")))
+    for cp in (2, 4):
+        cases.append((f"cp{cp} fsdp", m35, "dgx-h100", 4, "bf16", "pretrain",
+                      dict(dp=32 // cp, cp=cp, mbs=2, gas=2, sharding="fsdp")))
+        cases.append((f"cp{cp} tp2", m35, "dgx-h100", 4, "bf16", "pretrain",
+                      dict(dp=16 // cp, cp=cp, tp=2, mbs=2, gas=2, sharding="fsdp")))
+    for kind in ("none", "zero1", "fsdp", "hsdp"):
+        extra = {"shard_group": 8} if kind == "hsdp" else {}
+        cases.append((f"dpo {kind}", m35, "dgx-h100", 4, "bf16", "dpo", dict(dp=32, mbs=2, gas=2, sharding=kind, **extra)))
+    cases.append(("dpo pp4 1f1b", m35, "dgx-h100", 4, "bf16", "dpo", dict(dp=8, pp=4, mbs=2, gas=8, sharding="none")))
+    cases.append(("dpo cp2", m35, "dgx-h100", 4, "bf16", "dpo", dict(dp=16, cp=2, mbs=2, gas=2, sharding="fsdp")))
+    for mbs, gas in ((1, 16), (16, 1)):
+        cases.append((f"accumulation mbs{mbs} x {gas}", m35, "dgx-h100", 4, "bf16", "pretrain",
+                      dict(dp=32, mbs=mbs, gas=gas, sharding="fsdp")))
+    for kind in ("zero2", "fsdp-grad-op"):  # the other kinds under a pipeline and TP
+        cases.append((f"pp2 tp2 1f1b {kind}", m7, "dgx-h100", 4, "bf16", "pretrain",
+                      dict(dp=8, pp=2, tp=2, mbs=2, gas=4, sharding=kind)))
+    for level in ("selective", "selective-op"):
+        cases.append((f"pp4 1f1b fsdp recompute {level}", m35, "dgx-h100", 4, "bf16", "pretrain",
+                      dict(dp=8, pp=4, mbs=2, gas=8, sharding="fsdp", recompute=level)))
+    cases.append(("pp4 interleaved fp32", m35, "dgx-h100", 4, "fp32", "pretrain",
+                  dict(dp=8, pp=4, mbs=1, gas=8, schedule="interleaved-1f1b", vpp=2, sharding="fsdp", recompute="full")))
+    cases.append(("tp8 sp fp32 zero2", m35, "dgx-h100", 4, "fp32", "pretrain", dict(dp=4, tp=8, mbs=2, gas=2, sharding="zero2")))
+    cases.append(("hsdp pp2 tp2 cp2", m7, "dgx-h100", 8, "bf16", "pretrain",
+                  dict(dp=8, pp=2, tp=2, cp=2, mbs=1, gas=4, sharding="hsdp", shard_group=4)))
+    cases.append(("70b tp8 fsdp", "protein-70b", "dgx-h100", 16, "bf16", "pretrain",
+                  dict(dp=16, tp=8, mbs=1, gas=4, sharding="fsdp", recompute="full")))
+    cases.append(("aurora pp8 ddp", m35, "aurora", 64, "bf16", "pretrain",
+                  dict(dp=96, pp=8, mbs=1, gas=32, sharding="none")))
+    cases.append(("frontier tp8 pp8 fsdp", "protein-70b", "frontier", 64, "bf16", "pretrain",
+                  dict(dp=8, pp=8, tp=8, mbs=1, gas=16, sharding="fsdp", recompute="full")))
+    return cases
+
+
+def sweep_plan(case):
+    """The plan of a sweep case, as `exaplan plan` would write it for that layout."""
+    from machine_models import load_machine
+    from planner.cost.layout import Layouts
+    from planner.cost.step import evaluate
+    from planner.emit import build_plan
+    from planner.inputs import make_job
+    from planner.presets import get_model
+
+    _, model_name, machine_name, nodes, precision, workload, lay = case
+    model, machine = get_model(model_name), load_machine(machine_name)
+    world = nodes * machine.devices_per_node
+    lay = Layouts.one(**lay)
+    global_batch = int(lay.dp[0] * lay.mbs[0] * lay.gas[0])
+    job = make_job(model, machine, world, global_batch, None, precision, None, workload=workload)
+    return build_plan(model, machine, job, nodes, lay, evaluate(model, machine, job, lay), 0, command="check_sweep")
+
+
+def layout_kind(plan) -> str:
+    m = plan.mesh
+    parts = [plan.sharding.kind.value]
+    if m.pp > 1:
+        parts.append(f"pp {plan.pipeline.schedule.value}" + (f" v{plan.pipeline.virtual_stages}" if plan.pipeline.virtual_stages > 1 else ""))
+    if m.tp > 1:
+        parts.append("tp+sp" if plan.sequence_parallel else "tp")
+    if m.cp > 1:
+        parts.append("cp")
+    if plan.job.workload.value == "dpo":
+        parts.append("dpo")
+    return " ".join(parts)
+
+
+def _row(name: str, source: str, plan, result) -> dict:
+    from runtime.check import communicator_bytes
+
+    m = plan.mesh
+    row = {"name": name, "source": source, "kind": layout_kind(plan), "model": plan.model.name,
+           "machine": plan.machine.name, "world": plan.world_size,
+           "mesh": f"pp{m.pp} dp{m.dp_replicate}x{m.dp_shard} cp{m.cp} tp{m.tp}", "mbs": plan.micro_batch_size,
+           "gas": plan.grad_accumulation_steps, "recompute": plan.recompute.value, "precision": plan.job.precision.value}
+    row.update(result.as_json())
+    row.pop("collectives", None)
+    row["communicators"] = {k: {"measured": a, "plan": b} for k, (a, b) in communicator_bytes(plan, result).items()}
+    return row
+
+
+def _check(job: tuple[str, str, object, int]) -> list[dict]:
+    """One worker's task: a plan's first and last rank (or the error of a rank that failed)."""
+    import torch
+
+    from planner.cost.memory import rank_memory, rank_parameters
+    from planner.schema.plan import load_plan
+    from runtime.check import check_rank, ranks_of
+
+    torch.set_num_threads(1)
+    name, source, what, _ = job
+    plan = load_plan(what) if source == "committed" else sweep_plan(what)
+    rows = []
+    for rank in ranks_of(plan, "first,last"):
+        try:
+            rows.append(_row(name, source, plan, check_rank(plan, rank, rank_parameters, rank_memory)))
+        except Exception as err:  # reported in the table: the runtime's own error
+            rows.append({"name": name, "source": source, "kind": layout_kind(plan), "rank": rank,
+                         "error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"})
+    return rows
+
+
+def jobs(only: str | None = None, limit: int | None = None) -> list[tuple[str, str, object, int]]:
+    out = []
+    if only in (None, "committed"):
+        for path in sorted((ROOT / "plans").rglob("*.yaml")):
+            out.append((str(path.relative_to(ROOT)), "committed", str(path), 0))
+    if only in (None, "sweep"):
+        out.extend((case[0], "sweep", case, 0) for case in sweep_cases())
+    return out[:limit] if limit else out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m calibration.check_sweep", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=OUT, help=f"the JSON to write (default {OUT.relative_to(ROOT)})")
+    ap.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)),
+                    help="processes checking plans side by side (default: 2, or the cores there are)")
+    ap.add_argument("--only", choices=["committed", "sweep"], help="the committed plans or the sweep alone")
+    ap.add_argument("--limit", type=int, help="the first N plans only (a quick look)")
+    args = ap.parse_args(argv)
+    if args.out.exists() and not args.out.is_file():
+        print(f"error: --out {args.out} is not a file", file=sys.stderr)
+        return 2
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from rich.progress import Progress
+
+    from benchmarks.record import machine as machine_info
+
+    todo = jobs(args.only, args.limit)
+    rows: list[dict] = []
+    start = time.perf_counter()
+    with Progress() as bar, ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        task = bar.add_task("checking plans at full size", total=len(todo))
+        for got in pool.map(_check, todo):
+            rows.extend(got)
+            bar.advance(task)
+    out = {"command": "python -m calibration.check_sweep " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "date": time.strftime("%Y-%m-%d"), "machine": machine_info(), "seconds": time.perf_counter() - start,
+           "rows": rows}
+    tmp = args.out.with_name(f".{args.out.name}.tmp")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    os.replace(tmp, args.out)
+    print(f"{len(rows)} ranks of {len(todo)} plans in {out['seconds']:.0f} s: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
