@@ -127,7 +127,6 @@ def _row(name: str, source: str, plan, result) -> dict:
            "mesh": f"pp{m.pp} dp{m.dp_replicate}x{m.dp_shard} cp{m.cp} tp{m.tp}", "mbs": plan.micro_batch_size,
            "gas": plan.grad_accumulation_steps, "recompute": plan.recompute.value, "precision": plan.job.precision.value}
     row.update(result.as_json())
-    row.pop("collectives", None)
     row["communicators"] = {k: {"measured": a, "plan": b} for k, (a, b) in communicator_bytes(plan, result).items()}
     return row
 

@@ -54,16 +54,35 @@ def check_plan(plan, ranks: list[int], step: bool = True, out=None):
     from planner.cost.memory import rank_memory, rank_parameters
     from runtime.check import check_rank
 
+    predict, note = rank_memory, torch_runtime_note(plan)
+    if note:  # the planner's figures for the same layout run as exaplan's torch runtime runs it
+        from machine_models import load_framework
+
+        ours = plan.model_copy(update={"job": plan.job.model_copy(update={"framework": load_framework(
+            "exaplan", compiled=plan.compile)})})
+        predict = lambda _plan, pp_rank: rank_memory(ours, pp_rank)  # noqa: E731
     results, failed = [], []
     for i, rank in enumerate(ranks):
         status = contextlib.nullcontext() if out is None else out.status(
             f"rank {rank:,} of {plan.world_size:,} ({i + 1}/{len(ranks)}): building and stepping on a fake group ...")
         try:
             with status:
-                results.append(check_rank(plan, rank, rank_parameters, rank_memory if step else None, step=step))
+                results.append(check_rank(plan, rank, rank_parameters, predict if step else None, step=step))
+                results[-1].note = results[-1].note or note
         except Exception as err:  # the runtime's own error, reported for this rank
             failed.append((rank, f"{type(err).__name__}: {_first_line(err)}"))
     return results, failed
+
+
+def torch_runtime_note(plan) -> str | None:
+    """Why the planner's figures for this plan are not those of the step the check runs."""
+    if plan.backend == "jax":
+        return ("a JAX-backend plan: the check steps its layout in exaplan's torch runtime, against the planner's "
+                "figures for that runtime (not XLA's)")
+    if plan.job.framework.name != "exaplan":
+        return (f"a plan for {plan.job.framework.name}: the check steps its layout in exaplan's torch runtime, "
+                "against the planner's figures for that runtime")
+    return None
 
 
 def passed(results, failed) -> bool:
@@ -96,7 +115,8 @@ def report(out, plan, results, failed) -> None:
     stepped = [r for r in results if r.stepped]
     if stepped:
         out.print(_categories(stepped))
-        out.print(_collectives(plan, stepped))
+        if plan.collectives.communicators or any(r.collectives for r in stepped):
+            out.print(_collectives(plan, stepped))
     for note in sorted({r.note for r in results if r.note}):
         out.print(f"note: {note}")
     for rank, error in failed:

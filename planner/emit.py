@@ -116,12 +116,16 @@ def _collective_env(machine: MachineModel, one: Layouts, row: dict, kind: Shardi
 def _communicators(model: ModelSpec, machine: MachineModel, job: TrainingJob, one: Layouts, row: dict, kind: Sharding,
                    ev: Evaluation, i: int) -> dict[Communicator, CollectiveChoice]:
     """Each communicator of more than one rank: its collective, algorithm, ranks, the nodes
-    it spans and the bytes it moves per step."""
+    it spans and the bytes of the collectives exaplan's runtime issues on it in a step, as a
+    rank of the first or last pipeline stage counts them: a call's gathered output, scattered
+    input, reduced or sent tensor (`exaplan check` records the same at full size)."""
     tp_alg, ar_alg, rsag_alg = _algorithms(ev, i)
-    sharded = kind != Sharding.none
     P = flops.total_params(model) / row["pp"] / row["tp"]
     B = 2 if job.precision.value != "fp32" else 4
-    act = row["mbs"] * job.seq_len / row["cp"] * model.hidden * B
+    seqs = job.sequences_per_sample  # dpo: chosen and rejected through the policy
+    ref = 1 if job.reference_in_step else 0  # dpo: the reference's forward passes
+    gas, v = row["gas"], row["vpp"]
+    act = row["mbs"] * seqs * job.seq_len / row["cp"] * model.hidden * B
     comms: dict[Communicator, CollectiveChoice] = {}
     dpn = machine.devices_per_node
 
@@ -134,23 +138,69 @@ def _communicators(model: ModelSpec, machine: MachineModel, job: TrainingJob, on
         comms[Communicator.dp] = CollectiveChoice(
             op="allreduce" if kind == Sharding.none else "reduce_scatter+all_gather",
             algorithm=ar_alg if kind == Sharding.none else rsag_alg,
-            ranks=grad_n, nodes_spanned=spanned(grad_n, row["tp"]), bytes_per_step=float(P * 4 + (P * B if sharded else 0)))
+            ranks=grad_n, nodes_spanned=spanned(grad_n, row["tp"]),
+            bytes_per_step=_dp_bytes(job, one, kind, P, B, gas, row["pp"], ref, int(one.shard_group[0])))
     if row["tp"] > 1:
-        calls = 4 * model.layers / row["pp"] * row["gas"]
+        # A block's forward: all-gather and reduce-scatter around attention and the MLP under
+        # sequence parallelism (an all-reduce after each without), its backward the transposes,
+        # full recompute the forward's again.
+        per_block = (4 if row["sp"] else 2) * (2 + (row["recompute"] == 2))
+        calls = per_block * model.layers / row["pp"] * row["gas"]
         comms[Communicator.tp] = CollectiveChoice(
             op="reduce_scatter+all_gather" if row["sp"] else "allreduce", algorithm=tp_alg, ranks=row["tp"],
             nodes_spanned=spanned(row["tp"], 1), bytes_per_step=float(calls * act))
     if row["pp"] > 1:
+        # Each chunk receives its input and sends its output forward, and the gradients back;
+        # the first stage receives and the last sends nothing forward (an end rank: 4v - 2
+        # transfers a micro-batch, a middle one 4v); the reference's forward passes too.
         stride = row["dp_replicate"] * row["dp_shard"] * row["cp"] * row["tp"]
-        comms[Communicator.pp] = CollectiveChoice(op="send_recv", algorithm=Algorithm.ring, ranks=row["pp"],
-                                                  nodes_spanned=spanned(row["pp"], stride), bytes_per_step=float(2 * row["gas"] * row["vpp"] * act))
+        comms[Communicator.pp] = CollectiveChoice(
+            op="send_recv", algorithm=Algorithm.ring, ranks=row["pp"], nodes_spanned=spanned(row["pp"], stride),
+            bytes_per_step=float(gas * act * ((4 * v - 2) + ref * (2 * v - 1))))
     if row["cp"] > 1:
-        kv = row["mbs"] * job.seq_len * 2 * model.kv_heads * model.head_dim * B / row["tp"]
-        passes = 3 if row["recompute"] == 2 else 2
+        # Every block all-gathers K and V in forward (again when recomputed, and in the
+        # reference's forward) and reduce-scatters their gradients in backward: the whole
+        # sequence's K and V a call.
+        kv = row["mbs"] * seqs * job.seq_len * 2 * model.kv_heads * model.head_dim * B / row["tp"]
+        passes = (3 if row["recompute"] in (2, 3) else 2) + ref
         comms[Communicator.cp] = CollectiveChoice(
             op="all_gather+reduce_scatter", algorithm=Algorithm.ring, ranks=row["cp"], nodes_spanned=spanned(row["cp"], row["tp"]),
-            bytes_per_step=float(row["gas"] * passes * model.layers / row["pp"] * kv * (row["cp"] - 1) / row["cp"]))
+            bytes_per_step=float(gas * passes * model.layers / row["pp"] * kv))
     return comms
+
+
+def _dp_bytes(job: TrainingJob, one: Layouts, kind: Sharding, P: float, B: int, gas: int, pp: int, ref: int,
+              shard_group: int) -> float:
+    """The data-parallel collectives of a step as exaplan's runtime issues them (P: a stage's
+    parameters / tp; B: the 16-bit or fp32 weight bytes; gradients reduced in fp32):
+    none    one all-reduce of the gradients at the last micro-batch
+    zero1   one reduce-scatter, one all-gather of the updated weights (fp32 under autocast)
+    zero2   a reduce-scatter every micro-batch, one all-gather
+    fsdp, hsdp      each micro-batch all-gathers the blocks in forward and again in backward
+                    (resharded after forward) and reduce-scatters the gradients; a pipeline
+                    keeps them gathered through its backwards (gas + 1 gathers) and reduces at
+                    the last; hsdp all-reduces the shard over the replicas once
+    fsdp-grad-op    one gather and one reduce-scatter a micro-batch
+    dpo: the reference's forward gathers its blocks once a micro-batch where it is sharded."""
+    from planner.cost.memory import zero_on_fp32_weights
+
+    grads = 4.0 * P
+    if kind == Sharding.none:
+        return float(grads)
+    gather = P * (4.0 if bool(zero_on_fp32_weights(job, one)[0]) else B)
+    if kind == Sharding.zero1:
+        return float(grads + gather)
+    if kind == Sharding.zero2:
+        return float(gas * grads + gather)
+    if pp > 1:
+        policy = (gas + 1) * gather + grads
+    else:
+        gathers = 1 if kind == Sharding.fsdp_grad_op else 2
+        policy = gas * (gathers * gather + grads)
+    out = policy + ref * gas * gather
+    if kind == Sharding.hsdp:
+        out += grads / shard_group
+    return float(out)
 
 
 def _prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: Evaluation, i: int) -> Prediction:

@@ -143,6 +143,12 @@ def fake_world(plan: Plan, rank: int):
         yield build_mesh(plan, "cpu")
     finally:
         dist.destroy_process_group()
+        # DTensor caches its sharding propagation by mesh shape and names, not by group: a
+        # second world of the same shape in this process would get the first one's (destroyed)
+        # groups back from the cache.
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _clear_sharding_prop_cache()
 
 
 def check_rank(plan: Plan, rank: int, predicted_parameters, predicted_memory=None, step: bool = True) -> RankCheck:
@@ -253,9 +259,12 @@ def _local_bytes(parts) -> int:
 def _fake_build(plan: Plan, mesh, device, seed: int):  # noqa: ARG001 (runtime/build.py build_model's signature)
     """build_model under fake tensors: the runtime's parallelisation, materialised without
     storage or initialisation (DPO's reference model)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     from runtime.build import parallel_parts
 
-    parts, handles = parallel_parts(plan, mesh)
+    with unset_fake_temporarily():  # parallelised on meta as the policy was (FSDP's sharding asks real shapes)
+        parts, handles = parallel_parts(plan, mesh)
     for part in parts:
         part.to_empty(device=device)
         part.setup_rope(device, plan.job.seq_len)

@@ -43,7 +43,8 @@ import numpy as np
 
 from planner.cost import comm, compute
 from planner.cost.layout import SH_FSDP, SH_GRAD_OP, SH_HSDP, SH_NONE, SH_ZERO1, SH_ZERO2, Layouts
-from planner.cost.memory import autocast_copy_bytes, buffer_bytes, model_state_bytes, reference_bytes, stage_params
+from planner.cost.memory import (autocast_copy_bytes, buffer_bytes, model_state_bytes, reference_bytes, stage_params,
+                                 zero_on_fp32_weights)
 from planner.cost.topology import LinkTiers
 from planner.schema.specs import MachineModel, ModelSpec, Precision, TrainingJob
 
@@ -195,7 +196,8 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
     # flat buffer and copy-out; DDP's and ZeRO's bucket copies): in line on a CPU, hidden on
     # the communication stream of a GPU (machine.dp_buffer_copies passes, read + write).
     d = _MeshTraffic(
-        m, tiers, M_grad, P * (4.0 if job.precision == Precision.fp32 else 2.0), np.ceil(model.layers / m.pp),
+        m, tiers, M_grad, P * np.where((job.precision == Precision.fp32) | zero_on_fp32_weights(job, m), 4.0, 2.0),
+        np.ceil(model.layers / m.pp),
         zb=np.maximum(np.ceil(M_grad / zero_bucket_bytes), 1), zero=zero,
         fsdp=(s == SH_FSDP) | (s == SH_GRAD_OP) | (s == SH_HSDP),
         copy_s=machine.dp_buffer_copies * 2.0 / (machine.memory_bandwidth_gbyte_s * 1e9),

@@ -89,7 +89,8 @@ def test_memory_forces_sharding():
       fsdp-grad-op  16/2 + 2 (whole 16-bit stage kept gathered) + 4 (one block of fp32 grads) = 14
       fsdp          16/2 + 2 (the only block, gathered) + 4               = 14
     Activations of one 127-token sequence are ~6.5 MB. With room for 13.7 B/param + 8 MB
-    only zero2 fits, and the search must pick it."""
+    only zero2 fits, and the search must pick it (16-bit weights: a framework that keeps fp32
+    weights under autocast holds 4 bytes a parameter more under ZeRO)."""
     from planner.cost import flops
 
     model = ModelSpec(name="wide", layers=1, hidden=1024, heads=1, kv_heads=1, ffn_hidden=4096, seq_len=127)
@@ -99,7 +100,9 @@ def test_memory_forces_sharding():
     mach = two_device_machine(device_memory_gib=cap_gib, memory_reserve_gib=0.0, fragmentation_fraction=0.0)
     # Gradients held through the step (flat buffers), as the accounting above counts them; torch's
     # set_to_none would leave them out of a one-micro-batch step's forward peak (step._row_memory).
-    job = TrainingJob(global_batch=2, seq_len=127, precision="bf16", framework=FrameworkProfile(grads_freed_between_steps=False))
+    # 16-bit weights (no autocast on fp32 weights, whose ZeRO holds 4 bytes more a parameter).
+    job = TrainingJob(global_batch=2, seq_len=127, precision="bf16",
+                      framework=FrameworkProfile(grads_freed_between_steps=False, weight_bytes_per_param=0.0))
     lay = enumerate_space(model, job, 2).layouts()
     assert set(lay.tp) == set(lay.pp) == set(lay.cp) == {1}
     ev = evaluate(model, mach, job, lay)
