@@ -43,8 +43,8 @@ import numpy as np
 
 from planner.cost import comm, compute
 from planner.cost.layout import SH_FSDP, SH_GRAD_OP, SH_HSDP, SH_NONE, SH_ZERO1, SH_ZERO2, Layouts
-from planner.cost.memory import (autocast_copy_bytes, buffer_bytes, model_state_bytes, reference_bytes, stage_params,
-                                 zero_on_fp32_weights)
+from planner.cost.memory import (autocast_copy_bytes, buffer_bytes, model_state_bytes, pipeline_grad_bytes, reference_bytes,
+                                 stage_params, zero_on_fp32_weights)
 from planner.cost.topology import LinkTiers
 from planner.schema.specs import MachineModel, ModelSpec, Precision, TrainingJob
 
@@ -101,6 +101,7 @@ class MeshCosts:
     optimizer_s: np.ndarray
     reference: np.ndarray  # dpo: the frozen reference model's parameters (bytes per device)
     autocast_copies: np.ndarray  # the parameters' 16-bit autocast copies (memory.autocast_copy_bytes)
+    pipeline_grads: np.ndarray  # gradients a pipeline's deferred sync accumulates unsharded (memory.pipeline_grad_bytes)
 
 
 @dataclass
@@ -230,4 +231,5 @@ def mesh_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, m: Lay
         S_total=S_total, S_floor=S_floor, S_per_mb=zero & d.zc.grads_allreduced & (s == SH_ZERO2),
         parameters=params, gradients=grads, optimizer=opt, buffers=buffer_bytes(model, job, m), optimizer_s=optimizer_s,
         reference=reference_bytes(model, job, m), autocast_copies=autocast_copy_bytes(model, job, m),
+        pipeline_grads=pipeline_grad_bytes(model, job, m),
     )

@@ -247,6 +247,19 @@ def autocast_on_fp32_weights(job: TrainingJob, lay: Layouts) -> np.ndarray:
     return np.asarray(on & ~fully_sharded(lay.sharding), dtype=bool)
 
 
+def pipeline_grad_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
+    """Gradients a pipeline stage accumulates unsharded when the schedule defers FSDP2's sync to
+    its last micro-batch (the profile's pipeline_unsharded_grads; torch.distributed.pipelining):
+    the stage's fp32 gradients beside the sharded ones under fsdp, fsdp-grad-op and hsdp, and
+    under replicate (kind none) the 16-bit gradients beside its fp32 ones. Counted where there
+    is a pipeline and more than one micro-batch (step._row_memory)."""
+    if not getattr(job.framework, "pipeline_unsharded_grads", False):
+        return np.zeros(len(lay))
+    P = stage_params(model, lay) / lay.tp
+    mixed = job.precision != Precision.fp32
+    return np.where(fully_sharded(lay.sharding), P * 4.0, np.where((lay.sharding == SH_NONE) & mixed, P * 2.0, 0.0))
+
+
 def zero_on_fp32_weights(job: TrainingJob, lay: Layouts) -> np.ndarray:
     """ZeRO-1/2 of a 16-bit job on fp32 weights under autocast (exaplan's runtime, its
     ZeroOptimizer): the weights its step all-gathers are fp32, 4 bytes a parameter."""

@@ -360,7 +360,8 @@ def _row_memory(machine: MachineModel, job: TrainingJob, space: Space, U: UnitCo
     first = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_working[u]
     last = U.act_per_mb[u] * microbatches_in_flight_last(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_fixed[u]
     acts = np.maximum(first, last)
-    grads = M.gradients[mi]
+    # A pipeline of several micro-batches: what the deferred gradient sync accumulates unsharded.
+    grads = M.gradients[mi] + np.where((units.pp[u] > 1) & (R.m > 1), M.pipeline_grads[mi], 0.0)
     copies = np.where(copies_never_held(job, units.recompute[u]), 0.0, M.autocast_copies[mi])
     params = M.parameters[mi] - (M.autocast_copies[mi] - copies)
     flat = (space.meshes.sharding == SH_ZERO1) | (space.meshes.sharding == SH_ZERO2)

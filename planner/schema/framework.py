@@ -70,6 +70,10 @@ class FrameworkProfile(Spec):
                                                "silu(gate), product; torch eager), 3 fused (gate and up, product: Megatron's bias_swiglu).")
     grads_freed_between_steps: bool = Field(True, description="Gradients are freed after each step (torch's zero_grad(set_to_none=True)), "
                                             "so one micro-batch's forward peaks without them; False: flat gradient buffers (Megatron, DeepSpeed).")
+    pipeline_unsharded_grads: bool = Field(True, description="A pipeline schedule defers FSDP2's gradient sync to the last "
+                                           "micro-batch (torch.distributed.pipelining), so the stage's unsharded gradients accumulate "
+                                           "in fp32 beside the sharded ones (4 bytes a parameter; replicate's 16-bit grads: 2 more): "
+                                           "measured by exaplan check at full size.")
     attention_kernel_speed: Annotated[float, Field(gt=0, le=4)] = Field(
         1.0, description="Speed of the framework's fused attention kernel relative to FlashAttention-2, the kernel "
                          "the device kinds' attention_efficiency_factor describes (flash-attn 1.x: 0.5, Dao 2023).")

@@ -378,7 +378,7 @@ _FRAMEWORK_DEFAULTS = {"pipeline_parallel": True, "context_parallel": True, "pre
                        "microbatches_multiple_of_stages": False, "node_split_axes": None, "nvidia_only_recompute": [],
                        "pipeline_tied_embeddings": True, "ddp_bucket_per_block": False,
                        "tensor_parallel": True, "collective_libraries": None, "dpo_shardings": None,
-                       "dpo_pipeline_parallel": True}
+                       "dpo_pipeline_parallel": True, "pipeline_unsharded_grads": False}
 
 
 _EARLIER_VALUES = {name: value for name, value in _FRAMEWORK_DEFAULTS.items()
