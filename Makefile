@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml constraints.txt
 	DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
 	touch $(STAMP)
 
-# The main job: plan protein-3.5b for the five seed systems; then calibrate this machine on
+# The main job: plan protein-3.5b for the five seed systems and check the Aurora plan's first and
+# last rank at its full size (38,400 ranks on a fake process group, about 30 s); then calibrate this machine on
 # arrival (its CPU differs from one VM to the next: microbenchmarks, 4 layouts of protein-small
 # trained 8 steps each, the figures refitted to them; about 75 s), plan protein-small on the
 # fitted figures (the search picks a layout the sweep did not run) and train it on the shipped
@@ -31,6 +32,7 @@ $(STAMP): pyproject.toml constraints.txt
 DEMO_STEPS ?= 200
 demo: venv
 	$(BIN)/python -m planner.demo
+	$(BIN)/exaplan check plans/protein-3.5b_aurora_3200n.yaml --ranks first,last
 	rm -rf runs/demo && mkdir -p runs/demo
 	$(BIN)/exaplan calibrate --arrival --quick --out runs/demo/calib
 	$(BIN)/exaplan plan --model protein-small --machine runs/demo/calib/fitted.yaml --global-batch 4 --seq-len 128 --top 3 -o runs/demo/plan.yaml

@@ -3,7 +3,7 @@
 kind, the first and last rank of each, the errors tabled by memory category and layout kind.
 
     python -m calibration.check_sweep [--out docs/results/check-sweep.json] [--workers 2]
-        [--only committed|sweep] [--limit N]
+        [--only committed|sweep] [--match TEXT] [--limit N]
 
 Writes the JSON the docs page "Memory and traffic at full size" renders (docs/gen/check_page.py):
 per rank, the layout, torch's peak and categories, the planner's, and the bytes of each
@@ -152,13 +152,15 @@ def _check(job: tuple[str, str, object, int]) -> list[dict]:
     return rows
 
 
-def jobs(only: str | None = None, limit: int | None = None) -> list[tuple[str, str, object, int]]:
+def jobs(only: str | None = None, limit: int | None = None, match: str | None = None) -> list[tuple[str, str, object, int]]:
     out = []
     if only in (None, "committed"):
         for path in sorted((ROOT / "plans").rglob("*.yaml")):
             out.append((str(path.relative_to(ROOT)), "committed", str(path), 0))
     if only in (None, "sweep"):
         out.extend((case[0], "sweep", case, 0) for case in sweep_cases())
+    if match:
+        out = [j for j in out if match in j[0]]
     return out[:limit] if limit else out
 
 
@@ -168,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)),
                     help="processes checking plans side by side (default: 2, or the cores there are)")
     ap.add_argument("--only", choices=["committed", "sweep"], help="the committed plans or the sweep alone")
+    ap.add_argument("--match", metavar="TEXT", help="only the plans whose name (file or sweep case) contains TEXT")
     ap.add_argument("--limit", type=int, help="the first N plans only (a quick look)")
     args = ap.parse_args(argv)
     if args.out.exists() and not args.out.is_file():
@@ -180,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.record import machine as machine_info
 
-    todo = jobs(args.only, args.limit)
+    todo = jobs(args.only, args.limit, args.match)
+    if not todo:
+        print("error: --match/--only/--limit leave no plan to check", file=sys.stderr)
+        return 2
     rows: list[dict] = []
     start = time.perf_counter()
     with Progress() as bar, ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:

@@ -38,14 +38,14 @@ def _share(r: dict, c: str) -> float:
     return (r["predicted_gib"].get(c, 0.0) - r["torch_memory_gib"].get(c, 0.0)) / peak
 
 
-def render() -> str:
+def render(path: Path = RESULTS) -> str:
     out = ["# Memory and traffic at full size\n",
            written_by("Its data, `docs/results/check-sweep.json`, is written by `python -m calibration.check_sweep`, "
                       "which runs `exaplan check` (first and last rank) over every committed plan and a sweep of "
                       "layouts of every kind.")]
-    if not RESULTS.is_file():
+    if not path.is_file():
         return "\n".join(out + ["No sweep has been recorded yet: run `python -m calibration.check_sweep`.\n"])
-    data = json.loads(RESULTS.read_text())
+    data = json.loads(path.read_text())
     rows = data["rows"]
     s = summary(rows)
     m = data.get("machine", {})
