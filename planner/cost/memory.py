@@ -466,8 +466,9 @@ def rank_memory(plan: Plan, pp_rank: int) -> dict[str, float]:
     the plan's layout predicted again (planner/cost/step.py evaluate, the busiest rank), then,
     with a pipeline, this rank's own share: model states and gathered blocks in proportion to
     the parameters it holds (rank_parameters), its blocks' activations times the micro-batches
-    it holds in flight (in_flight_on_rank), the last stage's loss and final norm on the last
-    rank only, and the reserve on that churn."""
+    it holds in flight (in_flight_on_rank) with, under autocast on fp32 weights, their 16-bit
+    weight copies, the last stage's loss and final norm on the last rank only, and the reserve
+    on that churn."""
     from planner.cost.step import evaluate
     from planner.schema.figures import framework_machine
 
@@ -492,7 +493,13 @@ def rank_memory(plan: Plan, pp_rank: int) -> dict[str, float]:
         per_mb *= blocks / np.ceil(model.layers / plan.mesh.pp)
         held = in_flight_on_rank(plan.mesh.pp, plan.grad_accumulation_steps, plan.pipeline.virtual_stages,
                                  int(lay.schedule[0]), pp_rank)
-        out["activations"] = per_mb * held + (last if pp_rank == plan.mesh.pp - 1 else working)
+        copies = float(autocast_copy_bytes(model, job, lay)[0]) * ratio if plan.grad_accumulation_steps > 1 else 0.0
+        autocast_stage = plan.sharding.kind.value in ("zero1", "zero2") or (
+            plan.sharding.kind.value == "none" and plan.mesh.dp_replicate * plan.mesh.cp == 1)
+        if copies_never_held(job, lay.recompute)[0] or lay.recompute[0] == RC_FULL or not autocast_stage:
+            copies = 0.0
+        out["activations"] = (per_mb * held + (last if pp_rank == plan.mesh.pp - 1 else working)
+                              + copies * max(held - 1.0, 0.0))
     out["parameters"] += out.pop("reference")
     out["reserve"] = float(reserve_bytes(machine, out["activations"] + out["buffers"]))
     return {k: float(v) for k, v in out.items()}

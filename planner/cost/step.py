@@ -33,7 +33,7 @@ import numpy as np
 
 from planner.cost import comm, compute, flops
 from planner.cost.dp import DDP_BUCKETS_MB, MeshCosts, mesh_costs, zero_collectives
-from planner.cost.layout import RC_FULL, RC_OP, SH_ZERO1, SH_ZERO2, Layouts, Space
+from planner.cost.layout import RC_FULL, RC_OP, SH_NONE, SH_ZERO1, SH_ZERO2, Layouts, Space
 from planner.cost.memory import (
     MemoryParts,
     activation_parts,
@@ -356,13 +356,24 @@ def _row_memory(machine: MachineModel, job: TrainingJob, space: Space, U: UnitCo
     forward's. Compiled blocks under full or selective-op recompute hold no copies at all
     (memory.copies_never_held): the parameters are shown without them."""
     units, u, mi = space.units, R.u, R.mi
-    # The first stage holds the most micro-batches, the last one the loss and the final norm.
-    first = U.act_per_mb[u] * microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_working[u]
-    last = U.act_per_mb[u] * microbatches_in_flight_last(units.pp[u], R.m, units.vpp[u], space.schedule) + U.act_fixed[u]
-    acts = np.maximum(first, last)
-    # A pipeline of several micro-batches: what the deferred gradient sync accumulates unsharded.
-    grads = M.gradients[mi] + np.where((units.pp[u] > 1) & (R.m > 1), M.pipeline_grads[mi], 0.0)
     copies = np.where(copies_never_held(job, units.recompute[u]), 0.0, M.autocast_copies[mi])
+    piped = (units.pp[u] > 1) & (R.m > 1)
+    # The first stage holds the most micro-batches, the last one the loss and the final norm.
+    # Under autocast on fp32 weights each micro-batch in flight keeps the 16-bit weight copies
+    # its backward reads (one set is counted with the parameters): `exaplan check`, pp4 zero1.
+    n_first = microbatches_in_flight(units.pp[u], R.m, units.vpp[u], space.schedule)
+    n_last = microbatches_in_flight_last(units.pp[u], R.m, units.vpp[u], space.schedule)
+    # (ZeRO, or one data-parallel rank: a pipeline's replicate casts under its 16-bit policy;
+    # full recompute saves none)
+    sh, alone = space.meshes.sharding[mi], space.meshes.grad_group[mi] == 1
+    autocast_stage = (sh == SH_ZERO1) | (sh == SH_ZERO2) | ((sh == SH_NONE) & alone)
+    held_copies = np.where(piped & autocast_stage & (units.recompute[u] != RC_FULL), copies, 0.0)
+    first = U.act_per_mb[u] * n_first + U.act_working[u] + held_copies * (n_first - 1)
+    last = U.act_per_mb[u] * n_last + U.act_fixed[u] + held_copies * np.maximum(n_last - 1, 0.0)
+    acts = np.maximum(first, last)
+    # A pipeline of several micro-batches: the deferred gradient sync's unsharded gradients,
+    # allocated by the first backward, which frees a micro-batch's activations.
+    grads = M.gradients[mi] + np.where(piped, np.maximum(M.pipeline_grads[mi] - U.act_per_mb[u], 0.0), 0.0)
     params = M.parameters[mi] - (M.autocast_copies[mi] - copies)
     flat = (space.meshes.sharding == SH_ZERO1) | (space.meshes.sharding == SH_ZERO2)
     freed = bool(getattr(job.framework, "grads_freed_between_steps", False)) & (R.m == 1) & ~flat[mi]

@@ -36,7 +36,7 @@ COMMITTED = committed_plans()
 TARGETS = ("megatron", "megatron-deepspeed")
 PLAN_FIELDS = ("mesh.", "sharding.", "recompute", "pipeline.", "job.", "sequence_parallel", "machine.")
 PLAN = ROOT / "plans/frameworks/protein-7b_dgx-h100_16n_megatron.yaml"
-PIPELINED = ROOT / "plans/protein-70b_frontier_64n.yaml"  # pp 16 x 5 virtual stages, zero1, rccl
+PIPELINED = ROOT / "plans/protein-70b_frontier_64n.yaml"  # pp 16 x 5 virtual stages, tp 2, rccl
 
 
 def _names_a_field(err: PlanError) -> bool:
@@ -77,6 +77,17 @@ def pipelined() -> Plan:
     from planner.schema.plan import load_plan
 
     return load_plan(PIPELINED)
+
+
+def as_zero1(plan: Plan) -> Plan:
+    """The plan's layout with its data parallelism as zero1 (Megatron's distributed optimizer):
+    its own is whatever the planner finds fastest."""
+    from planner.schema.framework import Sharding
+
+    dp = plan.mesh.dp_replicate * plan.mesh.dp_shard
+    return plan.model_copy(update={
+        "mesh": plan.mesh.model_copy(update={"dp_replicate": 1, "dp_shard": dp}),
+        "sharding": plan.sharding.model_copy(update={"kind": Sharding.zero1, "shard_group_size": dp, "ddp_impl": None})})
 
 
 def _with(exported, name: str, text: str):

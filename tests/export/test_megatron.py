@@ -26,7 +26,7 @@ from planner.schema.plan import Plan, Recompute
 from tests.export.export_plans import generated_plans
 
 from tests.export.megatron_common import (  # noqa: F401 - pipelined is a fixture
-    needs_core, needs_fork, needs_deepspeed, COMMITTED, TARGETS, _names_a_field, _tokens, _value, assert_exported, pipelined, _with, _fork_plan)
+    needs_core, needs_fork, needs_deepspeed, COMMITTED, TARGETS, _names_a_field, _tokens, _value, assert_exported, pipelined, _with, _fork_plan, as_zero1)
 
 
 # --- committed plans ----------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_drawn_plans_megatron_deepspeed_ds_config(plan):
 
 def test_arguments_of_a_pipelined_plan(pipelined):
     """Interleaved 1F1B, zero1, full recompute and GQA in Megatron's names."""
-    plan = pipelined.model_copy(update={"recompute": Recompute.full})
+    plan = as_zero1(pipelined).model_copy(update={"recompute": Recompute.full})
     tokens = _tokens(export(plan, "megatron").files["args.txt"])
     chunk = plan.model.layers // (plan.mesh.pp * plan.pipeline.virtual_stages)
     assert _value(tokens, "--num-layers-per-virtual-pipeline-stage") == str(chunk)
@@ -192,6 +192,7 @@ def test_vocabulary_padding():
 def test_megatron_refuses_tampered_files(pipelined):
     """Megatron's own code fails the files it should fail: without env.sh's one connection
     (validate_args), with a batch its dp does not divide, with an unknown argument (parse_args)."""
+    pipelined = as_zero1(pipelined)
     exported = export_plan(pipelined, "megatron")
     assert check_export(exported, pipelined) == exported.derived
     if pipelined.mesh.tp > 1:

@@ -25,7 +25,7 @@ from planner.search.space import enumerate_space
 from tests.export.export_plans import ROOT
 
 from tests.export.megatron_common import (  # noqa: F401 - pipelined is a fixture
-    needs_core, COMMITTED, TARGETS, PLAN, pipelined, _fork_plan)
+    needs_core, COMMITTED, TARGETS, PLAN, pipelined, _fork_plan, as_zero1)
 
 
 def _variant(plan: Plan, **changes) -> Plan:
@@ -97,6 +97,7 @@ def test_megatron_refuses_dpo_and_oneccl():
 
 def test_fork_refuses_what_dpo_training_cannot_run(pipelined):
     """The MProt-DPO trainer: no pipeline engine, no precomputed reference, no ZeRO-3."""
+    pipelined = as_zero1(pipelined)
     dpo = _fork_plan()
     if dpo is None:
         pytest.skip("no committed deepspeed dpo plan")
