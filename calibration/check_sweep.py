@@ -135,17 +135,23 @@ def _check(job: tuple[str, str, object, int]) -> list[dict]:
     """One worker's task: a plan's first and last rank (or the error of a rank that failed)."""
     import torch
 
-    from planner.cost.memory import rank_memory, rank_parameters
+    from machine_models.frameworks import as_exaplan_runtime
+    from planner.cost.memory import rank_parameters
+    from planner.cost.rank import rank_memory
     from planner.schema.plan import load_plan
-    from runtime.check import check_rank, ranks_of
+    from runtime.check import check_rank, ranks_of, torch_runtime_note
 
     torch.set_num_threads(1)
     name, source, what, _ = job
     plan = load_plan(what) if source == "committed" else sweep_plan(what)
+    note = torch_runtime_note(plan)  # a framework's or the JAX backend's plan: exaplan's figures for its layout
+    ours = as_exaplan_runtime(plan) if note else plan
     rows = []
     for rank in ranks_of(plan, "first,last"):
         try:
-            rows.append(_row(name, source, plan, check_rank(plan, rank, rank_parameters, rank_memory)))
+            result = check_rank(plan, rank, rank_parameters, lambda _plan, k: rank_memory(ours, k))
+            result.note = result.note or note
+            rows.append(_row(name, source, plan, result))
         except Exception as err:  # reported in the table: the runtime's own error
             rows.append({"name": name, "source": source, "kind": layout_kind(plan), "rank": rank,
                          "error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"})
@@ -162,6 +168,14 @@ def jobs(only: str | None = None, limit: int | None = None, match: str | None = 
     if match:
         out = [j for j in out if match in j[0]]
     return out[:limit] if limit else out
+
+
+def _machine() -> dict:
+    """This machine as the page names it: its CPU and the cores this process may use."""
+    from calibration.timing import device_name
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"cpu": device_name("cpu"), "cores": cores}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.progress import Progress
 
-    from benchmarks.record import machine as machine_info
 
     todo = jobs(args.only, args.limit, args.match)
     if not todo:
@@ -195,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.extend(got)
             bar.advance(task)
     out = {"command": "python -m calibration.check_sweep " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "date": time.strftime("%Y-%m-%d"), "machine": machine_info(), "seconds": time.perf_counter() - start,
+           "date": time.strftime("%Y-%m-%d"), "machine": _machine(), "seconds": time.perf_counter() - start,
            "rows": rows}
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -51,15 +51,17 @@ def check_plan(plan, ranks: list[int], step: bool = True, out=None):
     or step); `out`: a console for a progress line."""
     import contextlib
 
-    from planner.cost.memory import rank_memory, rank_parameters
+    from planner.cost.memory import rank_parameters
+    from planner.cost.rank import rank_memory
     from runtime.check import check_rank
+
+    from runtime.check import torch_runtime_note
 
     predict, note = rank_memory, torch_runtime_note(plan)
     if note:  # the planner's figures for the same layout run as exaplan's torch runtime runs it
-        from machine_models import load_framework
+        from machine_models.frameworks import as_exaplan_runtime
 
-        ours = plan.model_copy(update={"job": plan.job.model_copy(update={"framework": load_framework(
-            "exaplan", compiled=plan.compile)})})
+        ours = as_exaplan_runtime(plan)
         predict = lambda _plan, pp_rank: rank_memory(ours, pp_rank)  # noqa: E731
     results, failed = [], []
     for i, rank in enumerate(ranks):
@@ -72,17 +74,6 @@ def check_plan(plan, ranks: list[int], step: bool = True, out=None):
         except Exception as err:  # the runtime's own error, reported for this rank
             failed.append((rank, f"{type(err).__name__}: {_first_line(err)}"))
     return results, failed
-
-
-def torch_runtime_note(plan) -> str | None:
-    """Why the planner's figures for this plan are not those of the step the check runs."""
-    if plan.backend == "jax":
-        return ("a JAX-backend plan: the check steps its layout in exaplan's torch runtime, against the planner's "
-                "figures for that runtime (not XLA's)")
-    if plan.job.framework.name != "exaplan":
-        return (f"a plan for {plan.job.framework.name}: the check steps its layout in exaplan's torch runtime, "
-                "against the planner's figures for that runtime")
-    return None
 
 
 def passed(results, failed) -> bool:

@@ -81,3 +81,11 @@ def load_framework(name: str | None = None, path: Path = FRAMEWORKS_FILE, compil
                             f"kernels are fused already (use --framework exaplan, or drop --compile)", field="compile")
         profile = profile.model_copy(update={"compiled": True})
     return profile
+
+
+def as_exaplan_runtime(plan):
+    """The plan with exaplan's own framework profile in its job: what the planner predicts for
+    the same layout run by exaplan's torch runtime (`exaplan check` steps a plan for another
+    framework, or for the JAX backend, in that runtime)."""
+    return plan.model_copy(update={"job": plan.job.model_copy(update={"framework": load_framework(
+        "exaplan", compiled=plan.compile)})})

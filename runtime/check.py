@@ -475,3 +475,14 @@ def communicator_bytes(plan, result) -> dict[str, tuple[int, float | None]]:
         name = COMMUNICATOR_OF.get(c.mesh_dim, c.mesh_dim)
         moved[name] = moved.get(name, 0) + c.total_bytes
     return {k: (moved.get(k, 0), table.get(k)) for k in sorted(set(moved) | set(table))}
+
+
+def torch_runtime_note(plan) -> str | None:
+    """Why the planner's figures for this plan are not those of the step the check runs."""
+    if plan.backend == "jax":
+        return ("a JAX-backend plan: the check steps its layout in exaplan's torch runtime, against the planner's "
+                "figures for that runtime (not XLA's)")
+    if plan.job.framework.name != "exaplan":
+        return (f"a plan for {plan.job.framework.name}: the check steps its layout in exaplan's torch runtime, "
+                "against the planner's figures for that runtime")
+    return None

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from planner.cost.layout import SC_GPIPE, SC_INTERLEAVED, SC_1F1B
-from planner.cost.memory import GIB, in_flight_on_rank, microbatches_in_flight, microbatches_in_flight_last, rank_memory
+from planner.cost.memory import GIB, in_flight_on_rank, microbatches_in_flight, microbatches_in_flight_last
+from planner.cost.rank import rank_memory
 from planner.schema.plan import load_plan
 from tests.export.export_plans import ROOT
 

@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("torch")
 
 from cli.main import main  # noqa: E402
-from planner.cost.memory import rank_memory, rank_parameters  # noqa: E402
+from planner.cost.memory import rank_parameters  # noqa: E402
+from planner.cost.rank import rank_memory  # noqa: E402
 from planner.schema.plan import load_plan  # noqa: E402
 from planner.schema.plan import Communicator  # noqa: E402
 from runtime.check import CATEGORIES, check_rank, ranks_of  # noqa: E402
