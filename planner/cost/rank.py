@@ -9,7 +9,7 @@ import numpy as np
 
 from planner.cost.layout import RC_FULL, Layouts
 from planner.cost.memory import (activation_parts, autocast_copy_bytes, copies_never_held, in_flight_on_rank,
-                                 rank_parameters, reserve_bytes, stage_params)
+                                 model_state_bytes, pipeline_grad_bytes, rank_parameters, reserve_bytes, stage_params)
 from planner.schema.plan import Plan
 
 
@@ -20,8 +20,9 @@ def rank_memory(plan: Plan, pp_rank: int) -> dict[str, float]:
     with a pipeline, this rank's own share: model states and gathered blocks in proportion to
     the parameters it holds (rank_parameters), its blocks' activations times the micro-batches
     it holds in flight (in_flight_on_rank) with, under autocast on fp32 weights, their 16-bit
-    weight copies, the last stage's loss and final norm on the last rank only, and the reserve
-    on that churn."""
+    weight copies, the last stage's loss and final norm on the last rank only, the unsharded
+    gradients of a deferred sync (freeing one micro-batch where several are in flight), and the
+    reserve on that churn."""
     from planner.cost.step import evaluate
     from planner.schema.figures import framework_machine
 
@@ -53,6 +54,10 @@ def rank_memory(plan: Plan, pp_rank: int) -> dict[str, float]:
             copies = 0.0
         out["activations"] = (per_mb * held + (last if pp_rank == plan.mesh.pp - 1 else working)
                               + copies * max(held - 1.0, 0.0))
+        if plan.grad_accumulation_steps > 1:  # the deferred sync's unsharded gradients on this rank
+            G = float(pipeline_grad_bytes(model, job, lay)[0]) * ratio
+            base = float(model_state_bytes(model, job, lay)[1][0]) * ratio
+            out["gradients"] = base + (G if held <= 1.0 else max(G - per_mb, 0.0))
     out["parameters"] += out.pop("reference")
     out["reserve"] = float(reserve_bytes(machine, out["activations"] + out["buffers"]))
     return {k: float(v) for k, v in out.items()}

@@ -372,8 +372,11 @@ def _row_memory(machine: MachineModel, job: TrainingJob, space: Space, U: UnitCo
     last = U.act_per_mb[u] * n_last + U.act_fixed[u] + held_copies * np.maximum(n_last - 1, 0.0)
     acts = np.maximum(first, last)
     # A pipeline of several micro-batches: the deferred gradient sync's unsharded gradients,
-    # allocated by the first backward, which frees a micro-batch's activations.
-    grads = M.gradients[mi] + np.where(piped, np.maximum(M.pipeline_grads[mi] - U.act_per_mb[u], 0.0), 0.0)
+    # allocated by a stage's first backward: on the first stage it frees one of the micro-batches
+    # in flight, on the last (one in flight) they meet its micro-batch.
+    G = np.where(piped, M.pipeline_grads[mi], 0.0)
+    with_grads = np.maximum(first + np.maximum(G - U.act_per_mb[u], 0.0), last + G)
+    grads = M.gradients[mi] + np.maximum(with_grads - acts, 0.0)
     params = M.parameters[mi] - (M.autocast_copies[mi] - copies)
     flat = (space.meshes.sharding == SH_ZERO1) | (space.meshes.sharding == SH_ZERO2)
     freed = bool(getattr(job.framework, "grads_freed_between_steps", False)) & (R.m == 1) & ~flat[mi]
