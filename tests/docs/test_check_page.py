@@ -35,11 +35,11 @@ def test_the_sweep_covers_every_kind_the_issue_names():
 
 def test_a_recorded_sweep_renders(tmp_path):
     out = tmp_path / "check-sweep.json"
-    assert check_sweep.main(["--only", "sweep", "--match", "dp fsdp", "--limit", "2", "--workers", "1",
+    assert check_sweep.main(["--only", "sweep", "--match", "dp fsdp", "--limit", "1", "--workers", "1",
                              "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = data["rows"]
-    assert len(rows) == 4 and data["machine"]["cores"] >= 1
+    assert len(rows) == 2 and data["machine"]["cores"] >= 1
     stepped = [r for r in rows if r.get("stepped")]
     assert stepped and all(r["torch_peak_memory_gib"] > 0 and "dp" in r["communicators"] for r in stepped)
     page = check_page.render(out)

@@ -14,6 +14,17 @@ from cli.main import main  # noqa: E402
 from planner.schema.plan import load_plan  # noqa: E402
 from tests.launch.conftest import RUN_ARGS, TINY  # noqa: E402
 
+@pytest.fixture(autouse=True)
+def no_process_group_left():
+    """exaplan check starts its own fake world and refuses to run inside another: a group left
+    by an earlier test on this worker is ended first."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    yield
+
+
 SMALL = ["--model", "protein-small", "--machine", "dgx-h100", "--nodes", "2", "--global-batch", "64", "--seq-len", "256",
          "--top", "3", "--draws", "0"]
 
