@@ -100,11 +100,27 @@ def test_bad_ranks_exit_2(ranks, words, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", sorted((ROOT / "plans").rglob("*.yaml")), ids=lambda p: str(p.relative_to(ROOT / "plans")))
-def test_every_committed_plan_steps_first_and_last_rank(path):
+def test_every_committed_plan_steps_first_and_last_rank(path, request):
+    """Both ends of every committed plan build and step at full size, their parameters within 3%
+    and their tensor memory within 10% of torch's (issue 50's target). Where the planner is known
+    not to reach it yet (python -m calibration.check_sweep, docs/results/check-sweep.json), the
+    test is an expected failure with the measured error: replicate pipelines under DPO (-11% to
+    -14%: the last stage's activations) and the 70B Frontier plan (+15%: its replicate gradients
+    counted at their largest)."""
+    from cli.check import check_plan
+
+    known = {"protein-3.5b_aurora_3200n_dpo.yaml": "-11%/-14%", "protein-3.5b_leonardo_1500n_dpo.yaml": "-11%",
+             "protein-70b_frontier_64n.yaml": "+15%"}
+    if path.name in known:
+        request.applymarker(pytest.mark.xfail(reason=f"planner off by {known[path.name]} (docs: check-at-full-size)",
+                                              strict=True))
     plan = load_plan(path)
-    for rank in ranks_of(plan, "first,last"):
-        seen = check_rank(plan, rank, rank_parameters, rank_memory)
-        assert seen.stepped and abs(seen.parameter_error) <= 0.03, (rank, seen.parameter_error)
+    results, failed = check_plan(plan, ranks_of(plan, "first,last"))
+    assert not failed, failed
+    for seen in results:
+        assert abs(seen.parameter_error) <= 0.03, (seen.rank, seen.parameter_error)
+        if seen.stepped:
+            assert abs(seen.memory_error) <= 0.10, (seen.rank, seen.memory_error)
 
 
 def test_a_tampered_plan_is_refused_and_nothing_is_built(tmp_path, capsys):
