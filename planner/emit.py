@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from planner import COST_MODEL_VERSION, __version__
 from planner.cost import comm, compute, flops
 from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, SH_NONE, Layouts
-from planner.cost.memory import GIB, activation_bytes, microbatches_in_flight
+from planner.cost.memory import GIB, activation_bytes, microbatches_in_flight, zero_on_fp32_weights
 from planner.cost.step import Evaluation
 from planner.schema.plan import (
     CollectiveChoice,
@@ -182,8 +182,6 @@ def _dp_bytes(job: TrainingJob, one: Layouts, kind: Sharding, P: float, B: int, 
                     the last; hsdp all-reduces the shard over the replicas once
     fsdp-grad-op    one gather and one reduce-scatter a micro-batch
     dpo: the reference's forward gathers its blocks once a micro-batch where it is sharded."""
-    from planner.cost.memory import zero_on_fp32_weights
-
     grads = 4.0 * P
     if kind == Sharding.none:
         return float(grads)

@@ -156,19 +156,13 @@ def check_rank(plan: Plan, rank: int, predicted_parameters, predicted_memory=Non
     with `step`, run and measure a training step under fake tensors.
     `predicted_parameters(plan, pp_rank)`, `predicted_memory(plan, pp_rank)`: the planner's
     figures (planner/cost/memory.py rank_parameters, rank_memory)."""
-    from torch.distributed.tensor import DTensor
-
     from runtime.build import parallel_parts
 
     start = time.perf_counter()
     with fake_world(plan, rank) as mesh:
         pp_rank = mesh["pp"].get_local_rank()
         parts, handles = parallel_parts(plan, mesh)
-        held = held_bytes = 0
-        for p in (p for part in parts for p in part.parameters()):  # no reference kept: to_empty swaps them
-            t = p.to_local() if isinstance(p, DTensor) else p
-            held, held_bytes = held + t.numel(), held_bytes + t.numel() * t.element_size()
-        del p, t
+        held, held_bytes = _local_sizes(parts)
         note = _not_steppable(handles) if step else None
         measured = _step(plan, mesh, parts, handles, rank) if step and note is None else None
     predicted = predicted_parameters(plan, pp_rank)
@@ -242,18 +236,19 @@ def _step(plan: Plan, mesh, parts, handles, rank: int):
             warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
             one_step()
         snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
-    return {str(k).split(".")[-1]: int(v) for k, v in snapshot.items()}, recorder.table(), _local_bytes(reference)
+    return {str(k).split(".")[-1]: int(v) for k, v in snapshot.items()}, recorder.table(), _local_sizes(reference)[1]
 
 
-def _local_bytes(parts) -> int:
-    """Bytes of the parameters these model parts hold on this rank (their local shards)."""
+def _local_sizes(parts) -> tuple[int, int]:
+    """(elements, bytes) of the parameters these model parts hold on this rank (their local
+    shards). No reference to a parameter outlives the call: to_empty swaps them in place."""
     from torch.distributed.tensor import DTensor
 
-    total = 0
+    numel = nbytes = 0
     for p in (p for part in parts for p in part.parameters()):
         t = p.to_local() if isinstance(p, DTensor) else p
-        total += t.numel() * t.element_size()
-    return total
+        numel, nbytes = numel + t.numel(), nbytes + t.numel() * t.element_size()
+    return numel, nbytes
 
 
 def _fake_build(plan: Plan, mesh, device, seed: int):  # noqa: ARG001 (runtime/build.py build_model's signature)
@@ -423,6 +418,7 @@ class CollectiveRecorder:
 
     def _record(self, func, args, out) -> None:
         import torch
+        import torch.distributed as dist
 
         name = func._opname
         if name not in self.OPS:
@@ -435,7 +431,7 @@ class CollectiveRecorder:
             tensors = [tensors]
         size = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
         group_name, group_size = self._group(args)
-        key = (op, self.groups.get(group_name, "world" if group_size == _world() else "other"), group_size, size)
+        key = (op, self.groups.get(group_name, "world" if group_size == dist.get_world_size() else "other"), group_size, size)
         self.counts[key] = self.counts.get(key, 0) + 1
 
     @staticmethod
@@ -459,12 +455,6 @@ class CollectiveRecorder:
     def table(self) -> list[Collective]:
         rows = [Collective(op, dim, size, nbytes, n) for (op, dim, size, nbytes), n in self.counts.items()]
         return sorted(rows, key=lambda c: (c.mesh_dim, c.op, -c.total_bytes))
-
-
-def _world() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size()
 
 
 def communicator_bytes(plan, result) -> dict[str, tuple[int, float | None]]:

@@ -14,15 +14,8 @@ from cli.main import main  # noqa: E402
 from planner.schema.plan import load_plan  # noqa: E402
 from tests.launch.conftest import RUN_ARGS, TINY  # noqa: E402
 
-@pytest.fixture(autouse=True)
-def no_process_group_left():
-    """exaplan check starts its own fake world and refuses to run inside another: a group left
-    by an earlier test on this worker is ended first."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    yield
+# exaplan check refuses to start inside a process group an earlier test left (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_process_group_left")
 
 
 SMALL = ["--model", "protein-small", "--machine", "dgx-h100", "--nodes", "2", "--global-batch", "64", "--seq-len", "256",

@@ -19,15 +19,8 @@ from planner.schema.plan import Communicator  # noqa: E402
 from runtime.check import CATEGORIES, check_rank, ranks_of  # noqa: E402
 from tests.export.export_plans import ROOT  # noqa: E402
 
-@pytest.fixture(autouse=True)
-def no_process_group_left():
-    """exaplan check starts its own fake world and refuses to run inside another: a group left
-    by an earlier test on this worker is ended first."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    yield
+# exaplan check refuses to start inside a process group an earlier test left (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_process_group_left")
 
 
 AURORA = ROOT / "plans/protein-3.5b_aurora_3200n.yaml"  # 38,400 ranks, pipelined (pp 16, DDP 2400)
