@@ -178,6 +178,23 @@ def _machine() -> dict:
     return {"cpu": device_name("cpu"), "cores": cores}
 
 
+def _updated(old: dict, new: dict, names: set[str]) -> dict:
+    """`old` with the rows of the plans in `names` replaced by `new`'s, in `old`'s order (new
+    plans at the end); the update's command, date and machine listed under `updates`."""
+    fresh: dict[str, list[dict]] = {}
+    for row in new["rows"]:
+        fresh.setdefault(row["name"], []).append(row)
+    rows = []
+    for row in old["rows"]:
+        if row["name"] not in names:
+            rows.append(row)
+        elif row["name"] in fresh:
+            rows.extend(fresh.pop(row["name"]))
+    rows.extend(r for group in fresh.values() for r in group)
+    update = {k: new[k] for k in ("command", "date", "machine", "seconds")}
+    return {**old, "rows": rows, "updates": [*old.get("updates", []), update]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibration.check_sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=OUT, help=f"the JSON to write (default {OUT.relative_to(ROOT)})")
@@ -186,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["committed", "sweep"], help="the committed plans or the sweep alone")
     ap.add_argument("--match", metavar="TEXT", help="only the plans whose name (file or sweep case) contains TEXT")
     ap.add_argument("--limit", type=int, help="the first N plans only (a quick look)")
+    ap.add_argument("--update", action="store_true",
+                    help="replace only the checked plans' rows of an existing --out (after a model change that "
+                         "touches a few plans; the file lists each update's command and date)")
     args = ap.parse_args(argv)
     if args.out.exists() and not args.out.is_file():
         print(f"error: --out {args.out} is not a file", file=sys.stderr)
@@ -210,11 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     out = {"command": "python -m calibration.check_sweep " + " ".join(argv if argv is not None else sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d"), "machine": _machine(), "seconds": time.perf_counter() - start,
            "rows": rows}
+    if args.update and args.out.is_file():
+        out = _updated(json.loads(args.out.read_text()), out, {name for name, *_ in todo})
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(json.dumps(out, indent=1) + "\n")
     os.replace(tmp, args.out)
-    print(f"{len(rows)} ranks of {len(todo)} plans in {out['seconds']:.0f} s: {args.out}")
+    print(f"{len(rows)} ranks of {len(todo)} plans in {time.perf_counter() - start:.0f} s: {args.out}")
     return 0
 
 

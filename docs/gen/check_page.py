@@ -51,6 +51,10 @@ def render(path: Path = RESULTS) -> str:
     m = data.get("machine", {})
     out.append(f"Recorded {data.get('date', '?')} on {m.get('cpu', '?')} ({m.get('cores', '?')} cores) by "
                f"{code(data.get('command', ''))} in {data.get('seconds', 0) / 60:.0f} min.\n")
+    for u in data.get("updates", []):
+        um = u.get("machine", {})
+        out.append(f"- Updated {u.get('date', '?')} on {um.get('cpu', '?')} ({um.get('cores', '?')} cores) by "
+                   f"{code(u.get('command', ''))} ({u.get('seconds', 0) / 60:.0f} min): those plans' rows replaced.\n")
     out.append(
         "Each rank is built at the plan's full world size on torch's fake process group and steps twice under fake "
         "tensors; the second step is measured (see [Check a plan at full size](../guide/check.md)). *Error* is the "

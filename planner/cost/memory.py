@@ -410,10 +410,13 @@ def buffer_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray
 def reference_bytes(model: ModelSpec, job: TrainingJob, lay: Layouts) -> np.ndarray:
     """dpo with the reference in the step: a frozen copy of the policy's working weights,
     laid out like the policy (sharded over the shard group under fsdp, hsdp and grad-op,
-    whole on each rank otherwise), with no gradients and no optimizer state."""
+    whole on each rank otherwise), with no gradients and no optimizer state. Where the policy
+    keeps fp32 weights under autocast, so does its copy (the runtime builds the reference with
+    the policy's own build: `exaplan check` counted 4 bytes a parameter)."""
     if not job.reference_in_step:
         return np.zeros(len(lay))
-    working = 4.0 if job.precision == Precision.fp32 else 2.0
+    fp32 = (job.precision == Precision.fp32) | autocast_on_fp32_weights(job, lay)
+    working = np.where(fp32, 4.0, 2.0)
     P = stage_params(model, lay) / lay.tp
     s = lay.sharding
     sharded = fully_sharded(s)

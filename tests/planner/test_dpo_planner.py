@@ -64,9 +64,16 @@ def test_reference_memory_is_parameters_only_and_sharded_like_the_policy():
     pre = evaluate(MODEL, MACHINE, job(16), L)
     P = flops.total_params(MODEL)
     ref = np.asarray(dpo.memory.reference)
-    assert ref[0] == pytest.approx(P * 2)  # bf16 working weights, whole on every rank
-    assert ref[1] == pytest.approx(P * 2)  # ZeRO-1 shards the optimizer, not the weights
-    assert ref[2] == pytest.approx(P * 2 / 8)  # FSDP shards it over the 8 ranks
+    # exaplan's replicate and ZeRO keep fp32 weights under autocast, and the reference is built
+    # like the policy: 4 bytes a parameter, whole on every rank (ZeRO-1 shards the optimizer,
+    # not the weights); FSDP's mixed-precision policy shards 16-bit weights over the 8 ranks.
+    assert ref[0] == pytest.approx(P * 4)
+    assert ref[1] == pytest.approx(P * 4)
+    assert ref[2] == pytest.approx(P * 2 / 8)
+    # A framework that keeps 16-bit working weights (DeepSpeed's engine) holds a 16-bit reference.
+    from machine_models import load_framework
+    ds = job(16, Workload.dpo).model_copy(update={"framework": load_framework("deepspeed")})
+    assert np.asarray(evaluate(MODEL, MACHINE, ds, L).memory.reference)[1] == pytest.approx(P * 2)
     # No gradients or optimizer state for it: those match pretraining's (the model states; the
     # gradients reported at the peak are fewer the more activations a one-micro-batch step holds).
     from planner.cost.memory import model_state_bytes
