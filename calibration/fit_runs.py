@@ -17,8 +17,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from planner.schema.figures import BOUNDS, figures_of, with_figures
+from calibration.json_input import check_json_nesting, loads
 from calibration.validate_local_layouts import predict, resolve_machine
-from planner.schema.errors import PlanError
+from planner.schema.errors import PlanError, check_name_or_path
+from planner.schema.files import read_text
 
 # Figures `refit_from_runs` fits unless told otherwise (planner/schema/figures.py lists every one it can).
 FIT_FIGURES_DEFAULT = ("peak_fraction", "half_dim", "step_overhead_s", "op_overhead_us", "dtensor_op_overhead_us",
@@ -52,11 +54,13 @@ def layout_of(run: MeasuredRun) -> str:
 
 
 def _phases(metrics: Path) -> tuple[float | None, float | None]:
-    if not metrics.exists():
+    if not _exists(metrics):
         return None, None
+    text = read_text(metrics, "the metrics")  # a device, a FIFO, a binary or huge file: refused naming it
+    check_json_nesting(text, str(metrics))  # the line it names is the file's
     try:
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as e:  # ValueError: malformed JSON or not UTF-8
+        rows = [loads(line, str(metrics)) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
         raise PlanError(f"cannot read a record per line: {str(e)[:80]}", field=str(metrics)) from None
     rows = [r for r in rows if isinstance(r, dict) and r.get("kind") == "train"
             and all(_finite(r.get(k)) for k in ("forward_backward_s", "clip_s", "optimizer_s"))]
@@ -75,15 +79,23 @@ def _finite(x) -> bool:
 def _summary(path: Path) -> dict:
     """A run's summary.json: a mapping with a finite positive measured_step_time_s (and a
     finite peak_memory_gib or none); PlanError naming the file otherwise."""
+    text = read_text(path, "the run summary")  # a device, a FIFO, a binary or huge file: refused naming it
     try:
-        summ = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        summ = loads(text, str(path))
+    except json.JSONDecodeError as e:
         raise PlanError(f"not a run summary (JSON): {str(e)[:80]}", field=str(path)) from None
     if not isinstance(summ, dict) or not _finite(summ.get("measured_step_time_s")) or summ["measured_step_time_s"] <= 0:
         raise PlanError("needs measured_step_time_s, a finite positive number of seconds", field=str(path))
     if summ.get("peak_memory_gib") is not None and not _finite(summ["peak_memory_gib"]):
         raise PlanError("peak_memory_gib must be a finite number or absent", field=str(path))
     return summ
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL
+        return False
 
 
 def load_runs(run_dirs: Iterable[Path]) -> list[MeasuredRun]:
@@ -93,7 +105,7 @@ def load_runs(run_dirs: Iterable[Path]) -> list[MeasuredRun]:
     runs = []
     for d in map(Path, run_dirs):
         s, p = d / "summary.json", d / "plan.yaml"
-        if not s.exists() or not p.exists():
+        if not _exists(s) or not _exists(p):
             raise PlanError(f"{d}: needs summary.json and plan.yaml (a run directory of `exaplan validate --local`)", field="runs")
         summ = _summary(s)
         fb, opt = _phases(d / "metrics.jsonl")
@@ -230,9 +242,9 @@ def refit_to_file(run_dirs: Sequence[Path], base, out: Path, command: str) -> tu
 
     from calibration.fit_measurements import atomic_write
 
-    dirs = [Path(d) for d in run_dirs]
+    dirs = [Path(check_name_or_path(str(d), "--from-runs")) for d in run_dirs]
     for d in dirs:
-        if not (d / "summary.json").exists() or not (d / "plan.yaml").exists():
+        if not _exists(d / "summary.json") or not _exists(d / "plan.yaml"):
             raise PlanError(f"{d}: not a finished `exaplan run` folder (needs summary.json and plan.yaml)",
                             field="--from-runs")
     runs = load_runs(dirs)

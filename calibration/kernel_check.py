@@ -29,9 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from calibration.json_input import loads
 from planner.cost import compute, flops
 from planner.cost.layout import Layouts
 from planner.schema.errors import PlanError
+from planner.schema.files import read_text
 from planner.schema.specs import MachineModel, TrainingJob
 
 # The machine preset whose shipped figures describe a measured card (matched on the name
@@ -58,11 +60,14 @@ class KernelRow:
 
 def load(path: str | Path) -> dict:
     """A benchmarks/gpu_kernels.py JSON file; KernelFileError naming what is missing."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise KernelFileError(f"--kernels: cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("device"), dict) or "device" not in data["device"]:
+    try:  # a device, a FIFO, a binary, huge or deeply nested file: refused naming it
+        data = loads(read_text(path, "the kernels file"), str(path))
+    except PlanError as exc:
+        raise KernelFileError(f"--kernels: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise KernelFileError(f"--kernels: cannot read {path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("device"), dict) or not isinstance(
+            data["device"].get("device"), str):
         raise KernelFileError(f"--kernels: {path}: no device.device (not a benchmarks/gpu_kernels.py file)")
     return data
 

@@ -226,9 +226,12 @@ def run_local_validation(model: str, ranks: int, out: Path, steps: int = 8, mach
         raise PlanError("needs at least 3 steps (the first 2 are warm-up)", field="steps")
     if repeats < 1:
         raise PlanError("must be at least 1", field="repeats")
+    from planner.inputs import load_model
+
+    load_model(model)  # a bad model file is refused (exit 2) before anything is written or run
+    mach = resolve_machine(machine, ranks)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    mach = resolve_machine(machine, ranks)
     layouts = list(layouts if layouts is not None else default_layouts(ranks))
     if backend == "jax":
         layouts = [lay for lay in layouts if lay.pp == 1 and lay.name != "ddp-b400"]

@@ -74,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
 def _kernels(args) -> int:
     from calibration import kernel_check
     from machine_models import load_machine
+    from planner.schema.errors import check_name_or_path
 
+    for option in ("kernels", "plot"):  # before they become file names
+        if getattr(args, option):
+            check_name_or_path(getattr(args, option), f"--{option}")
     data = kernel_check.load(args.kernels)
     card = data["device"]["device"]
     name = args.machine if args.machine != "local" else kernel_check.preset_for(card)

@@ -8,7 +8,7 @@ import sys
 import time
 
 from cli.common import COMPILE_HELP, FRAMEWORK_HELP, REFERENCE_HELP, WORKLOAD_HELP, add_json_option, add_set_option, command_line, console
-from planner.schema.errors import PlanError
+from planner.schema.errors import PlanError, check_name_or_path
 
 BATCH_RULE = ("Fair comparison: by default every machine and node count of a model trains with ONE global batch, the "
               "critical-batch estimate of DeepSeek LLM (2024; B_opt = 0.2920 C^0.3271 tokens, C = non-embedding "
@@ -20,6 +20,8 @@ BATCH_RULE = ("Fair comparison: by default every machine and node count of a mod
 
 
 def add_parser(sub) -> None:
+    from planner.whatif.parse import MAX_NODE_COUNTS, MAX_POINTS, MAX_VARY_VALUES
+
     w = sub.add_parser(
         "whatif", help="compare machines and node counts (and any varied field): days, node-hours, energy, deadlines",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -35,7 +37,8 @@ def add_parser(sub) -> None:
     w.add_argument("--model", required=True, help="model preset(s) or ModelSpec YAML file(s), comma-separated")
     w.add_argument("--machine", required=True, help="machine preset(s) or MachineModel YAML file(s), comma-separated")
     w.add_argument("--nodes", required=True, metavar="LO:HI|N,N,...",
-                   help="LO:HI = LO, 2 LO, 4 LO, ... up to HI; or a comma-separated list of node counts")
+                   help="LO:HI = LO, 2 LO, 4 LO, ... up to HI; or a comma-separated list of node counts (at most "
+                        f"{MAX_NODE_COUNTS})")
     w.add_argument("--tokens", type=float, help="tokens to train on (default 1e9)")
     w.add_argument("--deadline-days", type=float, help="per machine: the fewest nodes and the cheapest point that "
                                                        "train within D days (or the best achievable)")
@@ -48,7 +51,8 @@ def add_parser(sub) -> None:
     w.add_argument("--vary", action="append", default=[], metavar="FIELD=v1,v2|x0.5,x2",
                    help="sweep a field (the dotted paths of --set, e.g. machine.nic_gbit_s, model.layers, "
                         "machine.power.node_w) over absolute values or multipliers of the preset's value; repeatable "
-                        "(every combination)")
+                        f"(every combination); at most {MAX_VARY_VALUES} values each, and at most {MAX_POINTS} points "
+                        "(models x machines x combinations x node counts) in one what-if")
     b = w.add_mutually_exclusive_group()
     b.add_argument("--global-batch", type=int, help="one global batch (sequences; dpo: pairs) at every point")
     b.add_argument("--batch-per-rank", type=int, help="sequences (dpo: pairs) per rank: weak scaling")
@@ -69,9 +73,12 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from planner.whatif import run_whatif
 
+    for option in ("csv", "report", "plots"):  # before they become file names (ENAMETOOLONG, NUL)
+        if getattr(args, option):
+            check_name_or_path(getattr(args, option), option)
     writer = _report_writer() if args.report else None
     plots = _plots_saver(args.plots) if args.plots else None
-    bar = ProgressBar(enabled=not args.json and sys.stderr.isatty())
+    bar = ProgressBar(enabled=sys.stderr.isatty())  # stderr: --json output on stdout stays clean
     try:
         result = run_whatif(
             model=args.model, machine=args.machine, nodes=args.nodes, tokens=args.tokens,

@@ -6,10 +6,10 @@ import difflib
 import functools
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from planner.schema.errors import PlanError, format_validation_error
+from planner.schema.files import load_yaml, read_text
 from planner.schema.figures import FIGURES
 from planner.schema.specs import FrameworkProfile
 
@@ -21,19 +21,16 @@ def _profiles(path: Path = FRAMEWORKS_FILE) -> dict[str, dict]:
     """The file's profiles as parsed, shared: not to be changed. The file is read every time,
     parsed once per content: the published-run fit asks for a profile thousands of times, and
     parsing the YAML each time was 88% of its time (deep-copying every profile, 15%)."""
-    try:
-        text = Path(path).read_text()
-        data = _parse(text)
-    except (OSError, yaml.YAMLError) as e:
-        raise PlanError(f"cannot read the framework profiles: {e}", field=str(path)) from None
+    text = read_text(path, "the framework profiles")  # a device, a FIFO, binary or huge: refused
+    data = _parse(text, str(path))
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise PlanError("expected a mapping of framework name -> fields", field=str(path))
     return data
 
 
 @functools.lru_cache(maxsize=8)
-def _parse(text: str):
-    return yaml.safe_load(text)
+def _parse(text: str, field: str):
+    return load_yaml(text, field)  # nesting bounded; errors name the file
 
 
 def _fields(name: str, profiles: dict[str, dict]) -> dict:

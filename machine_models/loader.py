@@ -17,10 +17,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from planner.schema.errors import PlanError, check_name_or_path, format_validation_error
+from planner.schema.files import load_yaml_file, read_text
 from planner.schema.specs import RENAMED_MACHINE_FIELDS, CollectiveEfficiency, MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -244,20 +244,10 @@ def _looks_like_path(text: str) -> bool:
 
 
 def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    """Parse a YAML file that must hold a mapping; errors name the file (and line)."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise PlanError(f"cannot read {what}: {e.strerror}", field=str(path)) from None
-    except UnicodeDecodeError:
-        raise PlanError(f"cannot read {what}: not UTF-8 text", field=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise PlanError(f"malformed YAML{where}: {problem}", field=str(path)) from None
+    """Parse a YAML file that must hold a mapping; errors name the file (and line). A device,
+    a FIFO, a directory, a binary file, one over 64 MiB or nested over 64 levels is refused
+    (planner/schema/files.py)."""
+    data = load_yaml_file(path, what)
     if not isinstance(data, dict):
         raise PlanError(f"not a {what} (expected a mapping of fields at the top level)", field=str(path))
     return data
@@ -297,7 +287,7 @@ def _warn_if_unknown_device_kind(data: dict[str, Any], path: Path) -> None:
     close = difflib.get_close_matches(name, kinds, n=3, cutoff=0.5)
     hint = f"closest known: {', '.join(repr(k) for k in close)}" if close else f"known: {', '.join(map(repr, kinds))}"
     missing = [f for f in DEVICE_KIND_FIELDS if f not in data]
-    lines = path.read_text().splitlines()
+    lines = read_text(path, "machine file").splitlines()
     lineno = next((i + 1 for i, line in enumerate(lines) if line.startswith("device_name:")), 1)
     # Reported at the file's own device_name line, once per load (no registry: not deduplicated).
     warnings.warn_explicit(

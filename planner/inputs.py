@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.schema.errors import PlanError, check_name_or_path, format_validation_error
+from planner.schema.files import check_nesting, load_yaml_file
 from planner.schema.framework import job_refusals
 from planner.presets import MODEL_PRESETS, get_model
 from planner.schema.specs import (
@@ -36,16 +37,7 @@ def _exists(path: Path) -> bool:
 
 
 def _load_yaml_spec(cls: type[BaseModel], path: Path, what: str):
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise PlanError(f"cannot read {what} file: {e.strerror}", field=str(path)) from None
-    except UnicodeDecodeError:
-        raise PlanError(f"cannot read {what} file: not UTF-8 text", field=str(path)) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise PlanError(f"malformed YAML{where}", field=str(path)) from None
+    data = load_yaml_file(path, f"{what} file")  # a device, FIFO, binary, huge or deeply nested file: refused
     if not isinstance(data, dict):
         raise PlanError(f"expected a mapping of {what} fields", field=str(path))
     data.setdefault("name", path.stem)
@@ -62,11 +54,25 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise PlanError(f"--set takes FIELD=VALUE, got {text!r}", field="--set")
     key, raw = text.split("=", 1)
     key = key.strip()
+    return key, yaml_value(raw, key) if raw.strip() else ""
+
+
+def yaml_value(raw: str, field: str) -> Any:
+    """A value given on the command line, read as YAML (the text itself where it is no YAML);
+    PlanError naming `field` where it nests deeper than a file may (which would end in a
+    RecursionError)."""
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        check_nesting(raw, field)
+    except PlanError as e:
+        if "nested more than" in str(e):
+            raise
+        return raw  # malformed YAML: the text
+    try:
+        return yaml.safe_load(raw)
     except yaml.YAMLError:
-        value = raw
-    return key, value
+        return raw
+    except RecursionError:
+        raise PlanError("nested too deeply", field=field) from None
 
 
 def apply_overrides(spec: BaseModel, prefix: str, overrides: list[tuple[str, Any]]) -> BaseModel:

@@ -121,9 +121,11 @@ def ranks_of(plan: Plan, spec: str) -> list[int]:
             try:
                 rank = int(item)
             except ValueError:
-                raise PlanError(f"{item!r} is not a rank: give first, last, stages or rank numbers", field="ranks") from None
+                raise PlanError(f"{item[:40]!r} is not a rank: give first, last, stages or rank numbers",
+                                field="--ranks") from None
             if not 0 <= rank < world:
-                raise PlanError(f"rank {rank} is outside the plan's world of {world:,} ranks (0-{world - 1})", field="ranks")
+                raise PlanError(f"rank {rank:,} is outside the plan's world size of {world:,} ranks (0-{world - 1:,})",
+                                field="--ranks")
             out.append(rank)
     return list(dict.fromkeys(out))
 

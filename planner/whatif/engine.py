@@ -25,8 +25,8 @@ from planner.schema.specs import MachineModel, ModelSpec
 from planner.search.search import search
 from planner.whatif import batch as batch_rule
 from planner.whatif import questions
-from planner.whatif.parse import (Vary, check_name, combinations, parse_nodes, parse_vary, positive_finite, positive_int,
-                                  split_names)
+from planner.whatif.parse import (Vary, check_name, check_points, combinations, parse_nodes, parse_vary, positive_finite,
+                                  positive_int, split_names)
 from planner.whatif.types import WhatifPoint, WhatifResult
 
 DEFAULT_TOKENS = 1e9  # as everywhere in exaplan (make_job's token budget)
@@ -76,9 +76,11 @@ def run_whatif(*, model: str | list[str], machine: str | list[str], nodes: str |
     positive_int(batch_per_rank, "batch-per-rank")
     positive_int(seq_len, "seq-len")
     counts = parse_nodes(nodes)
+    models, machines = split_names(model, "model"), split_names(machine, "machine")
+    varies = [parse_vary(v) for v in vary]
+    check_points(len(models), len(machines), varies, len(counts))  # before any spec is loaded or searched
     fw = load_framework(framework, compiled=compiled)
-    cases = _cases(split_names(model, "model"), split_names(machine, "machine"), [parse_vary(v) for v in vary],
-                   list(overrides), fw)
+    cases = _cases(models, machines, varies, list(overrides), fw)
     batches = _batches(cases, tokens, seq_len, workload, global_batch)
     inputs.update(node_counts=counts, batch_rule=_batch_rule(global_batch, batch_per_rank, workload),
                   global_batches=_batch_labels(cases, batches) if batch_per_rank is None else {})

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from planner.schema.errors import PlanError
+from planner.inputs import yaml_value
+from planner.schema.errors import PlanError, check_name_or_path
 from planner.schema.specs import MAX_NODES
 
 
@@ -38,6 +37,10 @@ def positive_int(value: int | None, option: str) -> int | None:
 
 
 MAX_NODE_COUNTS = 256  # node counts in one sweep
+MAX_VARY_VALUES = 32  # values of one --vary
+# Points (models x machines x varied combinations x node counts) in one what-if: each is a full
+# layout search of 0.05-0.5 s, so 256 take about a minute on 2 cores.
+MAX_POINTS = 256
 
 
 def parse_nodes(spec: str | list[int]) -> list[int]:
@@ -118,6 +121,9 @@ def parse_vary(text: str) -> Vary:
     labels = [s.strip() for s in raw.split(",")]
     if not raw.strip() or any(not s for s in labels):
         raise PlanError(f"no values (or an empty one) in {text!r}", field="vary")
+    if len(labels) > MAX_VARY_VALUES:
+        raise PlanError(f"{len(labels):,} values of {key}: at most {MAX_VARY_VALUES} per --vary (each value is a whole "
+                        f"scaling curve); give fewer, e.g. a few multipliers such as x0.5,x1,x2", field="vary")
     if len(set(labels)) != len(labels):
         raise PlanError(f"a value is repeated in {text!r}", field="vary")
     return Vary(key, tuple(labels), tuple(_vary_value(s, text) for s in labels))
@@ -143,10 +149,7 @@ def _vary_value(label: str, whole: str):
         if not math.isfinite(factor) or factor <= 0:
             raise PlanError(f"multiplier {label!r} must be finite and positive (in {whole!r})", field="vary")
         return ("x", factor)
-    try:
-        value = yaml.safe_load(label)
-    except yaml.YAMLError:
-        value = label
+    value = yaml_value(label, "vary")
     try:
         as_float = float(value) if isinstance(value, (str, float)) else 0.0
     except ValueError:
@@ -154,6 +157,23 @@ def _vary_value(label: str, whole: str):
     if not math.isfinite(as_float):  # 'inf', 'nan', '.inf', 1e400
         raise PlanError(f"value {label!r} is not finite (in {whole!r})", field="vary")
     return value
+
+
+def check_points(models: int, machines: int, varies: list[Vary], counts: int) -> int:
+    """The points of a sweep (models x machines x varied combinations x node counts), before
+    any is searched; PlanError saying the cap and how to narrow it past MAX_POINTS."""
+    combos = math.prod(len(v.labels) for v in varies)
+    points = models * machines * combos * counts
+    if points > MAX_POINTS:
+        parts = [f"{models} models"] if models > 1 else []
+        parts += [f"{machines} machines"] if machines > 1 else []
+        parts += [f"{len(v.labels)} values of {v.field}" for v in varies]
+        parts += [f"{counts} node counts"]
+        raise PlanError(f"{points:,} points ({' x '.join(parts)}): at most {MAX_POINTS} in one what-if (each point "
+                        f"is a full layout search, about a minute for {MAX_POINTS}); narrow it: fewer --vary values, "
+                        "fewer node counts (a shorter LO:HI or a list), fewer models or machines, or split it into "
+                        "several runs", field="vary" if varies else "nodes")
+    return points
 
 
 def combinations(varies: list[Vary]) -> list[dict[str, str]]:
@@ -165,13 +185,22 @@ def combinations(varies: list[Vary]) -> list[dict[str, str]]:
 
 
 def check_name(name: str, known: list[str], what: str) -> str:
-    """A preset name, or a path to an existing YAML file; else PlanError with a did-you-mean."""
-    if name in known or Path(name).is_file():
+    """A preset name, or a path to an existing YAML file; else PlanError with a did-you-mean
+    (a name too long for a file name, or with a control character, is refused as such)."""
+    check_name_or_path(name, what)
+    if name in known or _is_file(name):
         return name
     near = difflib.get_close_matches(name, known, n=1)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
     raise PlanError(f"unknown {what} {name!r}{hint}; presets: {', '.join(known)} (or a path to a YAML file)",
                     field=what)
+
+
+def _is_file(name: str) -> bool:
+    try:
+        return Path(name).is_file()
+    except (OSError, ValueError):  # a component longer than the file system allows (ENAMETOOLONG)
+        return False
 
 
 def split_names(value: str | list[str], what: str) -> list[str]:

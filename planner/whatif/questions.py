@@ -69,7 +69,9 @@ def _cost(p: WhatifPoint, minimise: str) -> float:
 def deadline(points: list[WhatifPoint], days: float, minimise: str) -> list[dict]:
     """Per group: the fewest nodes that train within `days`, and the cheapest point that does
     (node-hours, or energy with minimise='energy' where the machine has a power: section);
-    where none does, the best achievable (fewest days) and a sentence saying so."""
+    where none does, the best achievable (fewest days) and a sentence saying so. When the
+    fewest is the smallest node count tried (`fewer_not_tried`), the sentence says that fewer
+    nodes were not tried and may meet it too."""
     out = []
     for ps in groups(points).values():
         fit = [p for p in ps if p.fits]
@@ -78,11 +80,16 @@ def deadline(points: list[WhatifPoint], days: float, minimise: str) -> list[dict
         cheapest = min(meet, key=lambda p: (_cost(p, minimise), p.nodes)) if meet else None
         best = min(fit, key=lambda p: (p.days, p.nodes)) if fit else None
         by = "energy" if minimise == "energy" and cheapest is not None and cheapest.energy_kwh is not None else "node-hours"
+        # The fewest nodes tried that meet it is the smallest count swept: fewer may meet it too.
+        untried = fewest is not None and fewest.nodes == ps[0].nodes and fewest.nodes > 1
         if fewest is not None:
             cost = f"{cheapest.energy_kwh:,.0f} kWh" if by == "energy" else f"{cheapest.node_hours:,.0f} node-hours"
             sentence = (f"{_label(ps[0])}: {fewest.nodes:,} nodes meet {days:g} days ({fewest.days:.2f} days, "
                         f"{fewest.days_lo:.2f}-{fewest.days_hi:.2f}); cheapest by {by}: {cheapest.nodes:,} nodes "
                         f"({cost}, {cheapest.days:.2f} days)")
+            if untried:
+                sentence += (f"; fewer nodes were not tried ({fewest.nodes:,} is the smallest count swept) and may "
+                             f"meet it too: sweep below it, e.g. --nodes {max(1, fewest.nodes // 8)}:{fewest.nodes}")
         elif best is not None:
             sentence = (f"{_label(ps[0])}: no node count tried meets {days:g} days; the best achievable is "
                         f"{best.days:.2f} days ({best.days_lo:.2f}-{best.days_hi:.2f}) at {best.nodes:,} nodes")
@@ -90,7 +97,7 @@ def deadline(points: list[WhatifPoint], days: float, minimise: str) -> list[dict
             sentence = f"{_label(ps[0])}: nothing fits at any node count tried, so no deadline can be met"
         out.append(dict(model=ps[0].model, machine=ps[0].machine, varied=dict(ps[0].varied), deadline_days=days,
                         met=fewest is not None, minimise=by, fewest=fewest, cheapest=cheapest, best=best,
-                        sentence=sentence))
+                        smallest_tried=ps[0].nodes, fewer_not_tried=untried, sentence=sentence))
     return out
 
 
