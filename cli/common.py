@@ -67,6 +67,13 @@ def add_set_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP)
 
 
+def add_force_option(p: argparse.ArgumentParser, what: str = "the output file") -> None:
+    """--force: the one flag, on every command that writes, that lets it replace what exists."""
+    p.add_argument("--force", action="store_true",
+                   help=f"replace {what} when it exists (never a symlink, a device or a directory; without "
+                        "--force an existing file is refused and left as it was)")
+
+
 def add_json_option(p: argparse.ArgumentParser, what: str = "print JSON instead of tables") -> None:
     p.add_argument("--json", action="store_true", help=what)
 
@@ -102,21 +109,43 @@ def load_inputs(args):
     if args.nodes is not None and args.nodes > MAX_NODES:
         raise PlanError(f"{args.nodes} nodes: at most {MAX_NODES:,} (the largest system a machine file may describe)",
                         field="nodes")
+    if args.nodes is not None and args.nodes > machine.nodes:
+        raise PlanError(f"{args.nodes:,} nodes asked for; {machine.name} has {machine.nodes:,} (machine.nodes: "
+                        f"--set machine.nodes={args.nodes} to plan for a larger system)", field="nodes")
     return model, machine, job_for(args, model, machine, args.nodes * machine.devices_per_node)
 
 
 def console():
-    """A rich console at least 100 columns wide (140 when not a terminal)."""
+    """A rich console at least 100 columns wide: the terminal's width, or COLUMNS when it is set
+    (a pipe, a CI log), else 140 when not a terminal."""
+    import os
     import shutil
 
     from rich.console import Console
 
-    width = shutil.get_terminal_size((140, 40)).columns if sys.stdout.isatty() else 140
-    return Console(stderr=False, highlight=False, width=max(width, 100))
+    columns = os.environ.get("COLUMNS", "")
+    if columns.strip().isdigit() and int(columns) > 0:
+        width = int(columns)
+    else:
+        width = shutil.get_terminal_size((140, 40)).columns if sys.stdout.isatty() else 140
+    return Console(stderr=False, highlight=False, width=max(min(width, 1000), 100))
 
 
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2))
+
+
+def machine_file_of(args) -> str | None:
+    """The absolute path of --machine when it names a file rather than a preset (a plan records
+    it, so that `exaplan launch` finds the launch: section again)."""
+    from pathlib import Path
+
+    from machine_models.loader import _looks_like_path
+
+    ref = getattr(args, "machine", None)
+    if not isinstance(ref, str) or not _looks_like_path(ref) or not Path(ref).is_file():
+        return None
+    return str(Path(ref).resolve())
 
 
 def command_line() -> str:
@@ -155,3 +184,22 @@ def _evaluation_values(ev, i: int, gib: float) -> dict:
             buffers_gib=float(ev.memory.buffers[i] / gib), reserve_gib=float(ev.memory.reserve[i] / gib),
         ),
     )
+
+
+def repredicted_memory_gib(plan) -> float:
+    """The plan's layout predicted again by this cost model (GiB a device, reserve included); a
+    PlanError naming prediction.fits when the plan says it fits and its own layout does not: a
+    file edited by hand with its hash recomputed (a larger sequence or micro-batch), or made by
+    an earlier cost model. What `exaplan run` and `exaplan launch` check before starting."""
+    from planner.cost.layout import Layouts
+    from planner.cost.step import evaluate
+
+    mem = evaluate(plan.model, plan.machine, plan.job, Layouts.from_plan(plan),
+                   ddp_buckets_mb=(plan.sharding.ddp_bucket_mb,)).memory
+    gib = float(mem.total[0]) / 2.0**30
+    if plan.prediction.fits and not bool(mem.fits[0]):
+        raise PlanError(f"the plan says it fits ({plan.prediction.memory_gib_per_device:,.1f} GiB a device), but its "
+                        f"layout is predicted at {gib:,.1f} GiB of {plan.machine.device_memory_gib:,.0f}: the file was "
+                        "edited (sequence, micro-batch) or made by an earlier cost model; make the plan again",
+                        field="prediction.fits")
+    return gib

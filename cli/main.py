@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import calibrate, capacity, check, data, estimate, explain, export, launch, plan, presets, run, schema, validate, whatif
+from cli import calibrate, capacity, check, data, estimate, explain, export, launch, machine, plan, presets, run, schema, validate, whatif
 from planner.schema.errors import PlanError
 
 # In the order `exaplan --help` lists them.
 SUBCOMMANDS = {"plan": plan, "estimate": estimate, "explain": explain, "schema": schema, "validate": validate,
-               "calibrate": calibrate, "whatif": whatif, "capacity": capacity, "run": run, "check": check, "export": export, "launch": launch, "data": data, "list": presets}
+               "calibrate": calibrate, "whatif": whatif, "capacity": capacity, "run": run, "check": check, "export": export, "launch": launch, "data": data, "list": presets,
+               "machine": machine}
 
 EPILOG = """examples:
   exaplan plan --model protein-3.5b --machine aurora --nodes 3200

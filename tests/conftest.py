@@ -21,3 +21,11 @@ def no_process_group_left():
     if dist.is_initialized():
         dist.destroy_process_group()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_columns_from_the_test_runner(monkeypatch):
+    """pytest-xdist workers inherit COLUMNS=80 from the controlling terminal, and exaplan's tables
+    follow COLUMNS when it is set (cli/common.py console): tests see the width a pipe gets, unless
+    they set COLUMNS themselves."""
+    monkeypatch.delenv("COLUMNS", raising=False)

@@ -222,7 +222,7 @@ BAD = [
     ("set-bad-value", lambda t: ("plan", *TINY, "--set", "machine.nic_gbit_s=-1"), "machine.nic_gbit_s"),
     ("zero-nodes", lambda t: ("plan", *TINY, "--nodes", "0"), "nodes: must be a positive"),
     ("negative-nodes", lambda t: ("plan", *TINY, "--nodes", "-4"), "nodes: must be a positive"),
-    ("too-many-nodes", lambda t: ("plan", *TINY, "--nodes", "100000"), "nodes: 100000 nodes asked for"),
+    ("too-many-nodes", lambda t: ("plan", *TINY, "--nodes", "100000"), "nodes: 100,000 nodes asked for"),
     ("zero-nodes-estimate", lambda t: ("estimate", *TINY, "--nodes", "0", "--dp", "8", "--mbs", "1"), "nodes"),
     ("degrees-not-world", lambda t: (*EST, "--tp", "2", "--dp", "2"), "degrees: pp x dp x cp x tp = 1 x 2 x 1 x 2 = 4, but the world is 8"),
     ("tp-not-dividing-heads", lambda t: ("estimate", "--model", "protein-3.5b", "--machine", "dgx-h100", "--nodes", "3",
@@ -268,7 +268,8 @@ def test_output_into_a_missing_directory_is_a_clear_error(capsys, tmp_path):
     target = tmp_path / "no-such-dir" / "plan.yaml"
     rc, _, err = run(capsys, *SMALL_PLAN, "-o", str(target))
     assert rc == 2
-    assert err.strip().splitlines() == [f"exaplan plan: error: {target}: cannot write the plan: No such file or directory"]
+    assert err.strip().splitlines() == [f"exaplan plan: error: {target}: cannot write the plan: no directory "
+                                        f"{target.parent} (create it first)"]
     assert not target.parent.exists()
 
 
