@@ -79,6 +79,8 @@ class Arrival:
             raise PlanError(f"{self.nodes} nodes need a launcher to start the ranks on them: --launcher \"srun ...\" or "
                             f"\"mpiexec ...\" (or {LAUNCHER_ENV}), run once per job from the first node",
                             field="--launcher")
+        if self.launcher:
+            check_launcher(self.launcher)
         if self.out.exists() and not self.out.is_dir():
             raise PlanError(f"{self.out} exists and is not a folder", field="--out")
         if (self.out / "fitted.yaml").exists():
@@ -98,6 +100,23 @@ def launcher_from(text: str | None) -> list[str]:
         return shlex.split(text)
     except ValueError as e:
         raise PlanError(f"cannot split {text!r}: {e}", field="--launcher") from None
+
+
+SHELL_CHARACTERS = set(";&|`$()<>\n")
+
+
+def check_launcher(words: list[str]) -> None:
+    """The launcher runs as a command, not through a shell: its words hold no shell syntax and
+    its program is on PATH (otherwise each step would fail, late, with a traceback)."""
+    import shutil
+
+    bad = next((w for w in words if SHELL_CHARACTERS & set(w)), None)
+    if bad is not None:
+        raise PlanError(f"{bad!r}: the launcher is one command and its arguments, run without a shell (no ; & | $ "
+                        "` ( ) < >)", field="--launcher")
+    if shutil.which(words[0]) is None:
+        raise PlanError(f"{words[0]!r} is not a program on PATH (the launcher: srun ..., mpiexec ...)",
+                        field="--launcher")
 
 
 def pick_layouts(world: int, k: int, seq_len: int):

@@ -437,9 +437,10 @@ def measurements_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}.measurements.json")
 
 
-def write_calibration(machine: MachineModel, meas: dict[str, Any], path: Path) -> None:
+def write_calibration(machine: MachineModel, meas: dict[str, Any], path: Path, force: bool = True) -> None:
     """Write `path` (a machine YAML that load_machine / `exaplan plan --machine` reads) and the
-    raw measurements beside it as <stem>.measurements.json, each atomically (tmp + rename).
+    raw measurements beside it as <stem>.measurements.json, each atomically (tmp + rename;
+    existing files replaced only with `force`, never a symlink or a device: files.write_new).
     Bad measurements raise PlanError before anything is written."""
     import datetime as _dt
 
@@ -459,9 +460,12 @@ def write_calibration(machine: MachineModel, meas: dict[str, Any], path: Path) -
                       f"rms log residual {f['rms_log_residual']:.2f}")
     text = "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     meas_text = json.dumps(meas, indent=1, default=_json_default) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(measurements_path(path), meas_text)
-    atomic_write(path, text)
+    from planner.schema.files import check_target, write_new
+
+    check_target(path, "the fitted machine file", force)  # both refused before either is written
+    check_target(measurements_path(path), "the measurements file", force)
+    write_new(measurements_path(path), meas_text, "the measurements file", force)
+    write_new(path, text, "the fitted machine file", force)
 
 
 def _json_default(obj: Any) -> Any:

@@ -232,7 +232,8 @@ def step_time_band(runs: list[MeasuredRun], base):
                         basis=f"{', '.join(layouts)}; largest error {worst} {100 * errors[worst]:+.1f}%")
 
 
-def refit_to_file(run_dirs: Sequence[Path], base, out: Path, command: str) -> tuple[Any, dict[str, Any] | None]:
+def refit_to_file(run_dirs: Sequence[Path], base, out: Path, command: str,
+                  force: bool = True) -> tuple[Any, dict[str, Any] | None]:
     """`exaplan calibrate --from-runs`: refit `base` on every run folder and write the machine
     to `out` atomically (a header names the command and the runs). With 4 runs or more, also
     the step-time error on held-out layouts before and after (`holdout_report`), and with 4
@@ -240,7 +241,7 @@ def refit_to_file(run_dirs: Sequence[Path], base, out: Path, command: str) -> tu
     Returns the fitted machine and that summary (None with fewer runs)."""
     import yaml
 
-    from calibration.fit_measurements import atomic_write
+    from planner.schema.files import write_new
 
     dirs = [Path(check_name_or_path(str(d), "--from-runs")) for d in run_dirs]
     for d in dirs:
@@ -256,7 +257,7 @@ def refit_to_file(run_dirs: Sequence[Path], base, out: Path, command: str) -> tu
     body = machine.model_dump(mode="json")
     if machine.step_time_band is not None:  # (excluded from model_dump: plans do not carry it)
         body["step_time_band"] = machine.step_time_band.model_dump(mode="json")
-    atomic_write(out, header + yaml.safe_dump(body, sort_keys=False))
+    write_new(out, header + yaml.safe_dump(body, sort_keys=False), "the fitted machine file", force)
     keys = ("median_abs_test_before", "median_abs_test_after", "median_abs_train_before", "median_abs_train_after",
             "figures_before", "figures_after", "train", "test")
     return machine, None if report is None else {k: report[k] for k in keys}

@@ -242,7 +242,7 @@ def render(data: dict, machine: MachineModel, rows: list[KernelRow], console) ->
                       f"{s['cases']} cases)")
 
 
-def plot(data: dict, machine: MachineModel, rows: list[KernelRow], path: str | Path) -> None:
+def plot(data: dict, machine: MachineModel, rows: list[KernelRow], path: str | Path, force: bool = True) -> None:
     """Two panels: attention forward + backward TFLOP/s against the sequence for each measured
     backend and for the model (head dimension 128 solid, 64 dashed); model / measured time
     per case of the other parts (1 = the model charges what the kernel takes)."""
@@ -280,5 +280,11 @@ def plot(data: dict, machine: MachineModel, rows: list[KernelRow], path: str | P
     bx.set_title(f"the cost model on {machine.name} (shipped figures)")
     bx.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    import io
+
+    from planner.schema.files import write_new
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    write_new(path, png.getvalue(), "the plot (--plot)", force)

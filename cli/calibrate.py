@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cli.common import add_json_option, command_line, console, print_json
+from cli.common import add_force_option, add_json_option, command_line, console, print_json
 from planner.schema.errors import PlanError
+from planner.schema.files import check_target
 
 
 def add_parser(sub) -> None:
@@ -27,6 +28,7 @@ def add_parser(sub) -> None:
     k.add_argument("--base", default=None, help="machine model to start from (default: the detected local machine)")
     k.add_argument("-o", "--output", default=None,
                    help="YAML to write (default machine_models/local.yaml, which `--machine local` then uses)")
+    add_force_option(k, "the -o file and its .measurements.json")
     k.add_argument("--from-runs", nargs="+", metavar="DIR",
                    help="refit from these `exaplan run` output folders instead of measuring; with 4 layouts or more "
                         "also the machine's own step-time band (leave-one-layout-out; the largest error below 9 layouts)")
@@ -89,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             raise PlanError("only with --arrival", field=f"--{name}")
     out = Path(args.output) if args.output else PRESET_DIR / "local.yaml"
+    check_target(out, "the fitted machine file (-o)", args.force)  # before minutes of measuring
+    if not args.from_runs:
+        from calibration.fit_measurements import measurements_path
+
+        check_target(measurements_path(out), "the measurements file", args.force)
     base = load_machine(args.base) if args.base else detect_local_machine(args.ranks)
     if args.from_runs:
         return _from_runs(args, base, out)
@@ -97,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
     meas = measure(args.ranks, quick=args.quick, progress=not args.json)
     m = fit(meas, base)
-    write_calibration(m, meas, out)
+    write_calibration(m, meas, out, force=args.force)
     if args.json:
         print_json(dict(output=str(out), machine=m.model_dump(mode="json")))
         return 0
@@ -144,7 +151,7 @@ def _from_runs(args, base, out: Path) -> int:
     after, then write the model fitted on all."""
     from calibration.fit_runs import refit_to_file
 
-    machine, summary = refit_to_file([Path(d) for d in args.from_runs], base, out, command_line())
+    machine, summary = refit_to_file([Path(d) for d in args.from_runs], base, out, command_line(), args.force)
     if args.json:
         band = None if machine.step_time_band is None else machine.step_time_band.model_dump(mode="json")
         print_json(dict(output=str(out), holdout=summary, step_time_band=band, machine=machine.model_dump(mode="json")))

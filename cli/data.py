@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--val-fraction", type=float, default=0.05,
                    help="validation share, by record id hash (default 0.05)")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
+    p.add_argument("--force", "--overwrite", dest="overwrite", action="store_true",
+                   help="replace an existing prepared directory (--overwrite: the same)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     i = actions.add_parser("info", help="describe a prepared directory")
@@ -76,7 +77,7 @@ counted. Explicit pairs: --chosen-col/--rejected-col (optional score columns) ar
 they are. Splits: --split-col (default: a column named `set`; values training/train,
 validation/valid/val, test), else a hash of the sequence puts --val-fraction in validation.
 
-Output DIR (atomic; --overwrite replaces an existing pairs directory):
+Output DIR (atomic; --force replaces an existing pairs directory):
   manifest.json                 format exaplan-pairs v1: source (path, sha256, rows), columns,
                                 margin, seed, max_len, counts per split, score_stats, created_by
   train.tsv validation.tsv test.tsv
@@ -109,7 +110,8 @@ def add_pairs_parser(sub) -> None:
     p.add_argument("--max-pairs", type=int, help="at most this many pairs per split (a seeded random subset)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling and the hash split (default 0)")
     p.add_argument("--max-len", type=int, default=1024, help="longest sequence kept, in residues (default 1024)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing pairs directory")
+    p.add_argument("--force", "--overwrite", dest="overwrite", action="store_true",
+                   help="replace an existing pairs directory (--overwrite: the same)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

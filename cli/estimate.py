@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from cli.common import RECOMPUTE_HELP, RECOMPUTES, add_job_options, command_line, console, evaluation_json, load_inputs, print_json
+from cli.common import (RECOMPUTE_HELP, RECOMPUTES, add_force_option, add_job_options, command_line, machine_file_of, console, evaluation_json,
+                        load_inputs, print_json)
 from planner.schema.errors import PlanError
+from planner.schema.files import check_target
 
 
 def add_parser(sub) -> None:
@@ -27,6 +29,7 @@ def add_parser(sub) -> None:
     e.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default on when tp > 1)")
     e.add_argument("-o", "--output", help="also write this layout as a plan file")
+    add_force_option(e, "the plan file (-o)")
 
 
 def layout_of(args, machine):
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from planner.schema.plan import write_plan
     from planner.search.space import layout_problems
 
+    if args.output:
+        check_target(args.output, "the plan file (-o)", args.force)
     for name in ("tp", "pp", "dp", "cp", "mbs", "vpp"):
         if getattr(args, name) <= 0:
             raise PlanError("must be a positive integer", field=name)
@@ -68,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
         raise PlanError("; ".join(problems))
     ev = evaluate(model, machine, job, lay)
     if args.output:
-        write_plan(build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line()), args.output)
+        write_plan(build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line(),
+                              machine_file=machine_file_of(args)), args.output,
+                   force=args.force)
     u = uncertainty_of(machine, job.framework)
     if args.json:
         print_json(dict(layout=layout_label(lay, 0), **evaluation_json(ev, 0, u), flops_per_step=step_flops(model, job),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from cli.common import add_force_option
 from planner.schema.errors import PlanError
 
 EPILOG = """examples:
@@ -35,32 +36,36 @@ def add_parser(sub) -> None:
     p.add_argument("plan", help="plan file (`exaplan plan ... -o plan.yaml`)")
     p.add_argument("--to", required=True, metavar="TARGET", help=f"the framework: {', '.join(TARGETS)}")
     p.add_argument("-o", "--output", required=True, metavar="DIR",
-                   help="folder to write: new, empty, or an earlier export of the same target (replaced)")
+                   help="folder to write: new, empty, or with --force an earlier export of the same target (replaced)")
     p.add_argument("--check", action="store_true",
                    help="then validate the files with the framework's own config code (needs it installed: "
                         "pip install -e '.[frameworks]'; docs/frameworks/ say what each check covers)")
+    add_force_option(p, "an earlier export of the same target in DIR")
 
 
 def run(args: argparse.Namespace) -> int:
     from planner.schema.plan import load_plan
 
     plan = load_plan(args.plan)
-    write(plan, args.to, args.output, args.plan, check=args.check)
+    write(plan, args.to, args.output, args.plan, check=args.check, force=args.force)
     return 0
 
 
-def write(plan, target: str, output: str, plan_path: str | None, check: bool = False) -> None:
+def write(plan, target: str, output: str, plan_path: str | None, check: bool = False, force: bool = False) -> None:
     """Export, optionally check, then write (a failed check writes nothing) and report."""
     from export import export_plan, write_export
 
     exported = export_plan(plan, target)
+    from export.base import check_folder
+
+    check_folder(exported, output, force)  # before the framework's own check, which takes a while
     if check:
         from export.check import check_export
 
         derived = check_export(exported, plan)
         if derived != exported.derived:
             raise PlanError(f"{target} derives {derived} from the files, the plan says {exported.derived}", field="to")
-    paths = write_export(exported, output, plan_path)
+    paths = write_export(exported, output, plan_path, force)
     d = exported.derived
     print(f"wrote {len(paths)} files to {output} for {target}: tp {d.tp}, pp {d.pp}"
           + (f" x {d.vpp} virtual" if d.vpp > 1 else "") + f", cp {d.cp}, dp {d.dp}; micro-batch {d.micro_batch} x "

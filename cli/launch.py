@@ -5,9 +5,11 @@ that calibrates a new machine on arrival. The work is in launch/."""
 from __future__ import annotations
 
 import argparse
+import sys
 
-from cli.common import command_line
+from cli.common import add_force_option, command_line
 from planner.schema.errors import PlanError
+from planner.schema.files import check_target
 
 EPILOG = """examples:
   exaplan plan --model protein-3.5b --machine frontier --nodes 64 -o plan.yaml
@@ -62,16 +64,25 @@ def add_parser(sub) -> None:
                         "check: a training step under fake tensors, torch's memory against the planner's and the "
                         "device's) before writing the script; a failed check writes nothing and exits 1")
     p.add_argument("-o", "--output", required=True, help="the job script to write")
+    add_force_option(p, "the job script (-o)")
+    p.add_argument("--ignore-memory", action="store_true",
+                   help="write the script even though the plan is predicted not to fit in device memory (a "
+                        "warning is printed); without it such a plan is refused")
     p.add_argument("--run-args", default="", metavar='"OPTIONS"',
-                   help='options of `exaplan run`, one quoted string: --run-args="--steps 5000 --ckpt-every 500"')
+                   help='options of `exaplan run`, one quoted string: --run-args="--steps 5000 --ckpt-every 500" '
+                        "(checked by exaplan run's own parser now; the plan and --out are launch's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a field of the machine file's launch: section, repeatable: "
+                        "machine.launch.ranks_per_node=4, machine.launch.cpus_per_rank=16, "
+                        "machine.launch.default_queue=gpu (the plan's own figures cannot change: make a new plan)")
 
 
 def run(args: argparse.Namespace) -> int:
     import launch
-    from machine_models import load_machine
 
     import shlex
 
+    check_target(args.output, "the job script (-o)", args.force)  # before anything else is read or written
     try:
         args.run_args = shlex.split(args.run_args)
     except ValueError as e:
@@ -84,14 +95,23 @@ def run(args: argparse.Namespace) -> int:
             raise PlanError("--check runs a plan's ranks: a --calibrate job has none", field="--check")
         if not args.machine:
             raise PlanError("--calibrate needs the machine to calibrate", field="--machine")
-        job = launch.calibrate_job(load_machine(args.machine), args.machine, args)
+        machine = _machine(args.machine, args.overrides)
+        if args.nodes is not None and args.nodes > machine.nodes:
+            raise PlanError(f"{args.nodes:,} nodes asked for; {machine.name} has {machine.nodes:,} (machine.nodes)",
+                            field="--nodes")
+        job = launch.calibrate_job(machine, args.machine, args)
     else:
         if not args.plan:
             raise PlanError("give a plan file (or --calibrate)", field="plan")
         from planner.schema.plan import load_plan
 
         plan = load_plan(args.plan)
-        machine = load_machine(args.machine or plan.machine.name)
+        if args.nodes is not None and args.nodes != plan.nodes:
+            raise PlanError(f"the plan runs on {plan.nodes} nodes; a plan's node count is fixed (make a plan for "
+                            f"{args.nodes} nodes with exaplan plan --nodes {args.nodes})", field="--nodes")
+        machine = _machine(args.machine or plan.provenance.machine_file or plan.machine.name, args.overrides,
+                           recorded=not args.machine and plan.provenance.machine_file is not None)
+        _check_memory(plan, args.ignore_memory)
         if args.framework and args.check:
             raise PlanError("checks exaplan's own runtime at full size, not a framework's: run `exaplan check PLAN` "
                             "for the layout, or drop --check", field="--check")
@@ -99,14 +119,64 @@ def run(args: argparse.Namespace) -> int:
             return _framework(args, plan, machine)
         if args.entry:
             raise PlanError("--entry runs a framework's entry point: give --framework too", field="--entry")
+        from runtime.options import check_launch_run_args
+
+        check_launch_run_args(args.run_args, args.plan)
         job = launch.plan_job(plan, machine, args)
         if args.check and not _preflight(plan):
             return 1
-    launch.write_script(job)
+    launch.write_script(job, args.force)
     print(f"wrote {job.script}: {job.scheduler.value}, {job.nodes} node(s) x {job.ranks_per_node} ranks, "
           f"walltime {job.walltime}, staging {job.stage}")
     print(f"submit: {launch.submit_hint(job)}")
     return 0
+
+
+def _machine(ref: str, overrides: list[str], recorded: bool = False):
+    """The machine file (a preset or a YAML path: --machine, else the one the plan records, else
+    the plan's preset) with --set applied, launch section included."""
+    from pathlib import Path
+
+    from machine_models import load_machine
+    from planner.inputs import apply_overrides, check_overrides, parse_override
+
+    if recorded and not Path(ref).is_file():
+        raise PlanError(f"the plan was made from the machine file {ref}, which is no longer there: give --machine",
+                        field="--machine")
+    parsed = [parse_override(o) for o in overrides]
+    check_overrides(parsed, ("machine",))
+    for key, _ in parsed:
+        if not key.startswith("machine.launch."):
+            raise PlanError("launch changes the machine file's launch: section only (machine.launch.FIELD=VALUE); "
+                            "the plan's figures are fixed: make a new plan", field=key)
+    machine = load_machine(ref)
+    if not parsed:
+        return machine
+    if machine.launch is None:
+        raise PlanError(f"machine {machine.name!r} has no launch: section to change", field=parsed[0][0])
+    launch = apply_overrides(machine.launch, "launch", [(k.removeprefix("machine."), v) for k, v in parsed])
+    return machine.model_copy(update={"launch": launch})
+
+
+def _check_memory(plan, ignore: bool) -> None:
+    """A plan predicted not to fit in device memory, or whose layout predicted again does not
+    (a hand-edited file), is refused (or, with --ignore-memory, a warning): it would run out
+    of memory after its time in the queue."""
+    from cli.common import repredicted_memory_gib
+
+    p = plan.prediction
+    try:
+        repredicted_memory_gib(plan)
+        problem = None if p.fits else (
+            f"the plan is predicted at {p.memory_gib_per_device:,.1f} GiB a device, over the "
+            f"{plan.machine.device_memory_gib:,.0f} GiB of {plan.machine.device_name}: it would run out of memory")
+    except PlanError as e:
+        problem = str(e).removeprefix(f"{e.field}: ")
+    if problem is None:
+        return
+    if not ignore:
+        raise PlanError(f"{problem} (make a plan that fits, or give --ignore-memory)", field="prediction.fits")
+    print(f"warning: {problem}; writing the script anyway (--ignore-memory)", file=sys.stderr)
 
 
 def _preflight(plan) -> bool:
@@ -144,7 +214,7 @@ def _framework(args: argparse.Namespace, plan, machine) -> int:
     if not entry:
         raise PlanError(f"{args.framework} has no usual entry point: give --entry (your training script)", field="--entry")
     job = launch.framework_job(plan, machine, args, args.framework, entry, exported.argv_in(folder))
-    write_export(exported, folder, args.plan)
+    write_export(exported, folder, args.plan, args.force)
     launch.write_script(job)
     print(f"wrote {folder}/ ({args.framework}) and {job.script}: {job.scheduler.value}, {job.nodes} node(s) x "
           f"{job.ranks_per_node} ranks running {entry}, walltime {job.walltime}, staging {job.stage}")

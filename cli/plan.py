@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from cli.common import RECOMPUTE_HELP, RECOMPUTES, add_job_options, command_line, console, evaluation_json, load_inputs, print_json
+from cli.common import (RECOMPUTE_HELP, RECOMPUTES, add_force_option, add_job_options, command_line, machine_file_of, console, evaluation_json,
+                        load_inputs, print_json)
 from planner.schema.errors import PlanError
+from planner.schema.files import check_target
 
 
 def add_parser(sub) -> None:
@@ -18,6 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
     p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write (default plan.yaml; .json for JSON)")
     p.add_argument("--no-write", action="store_true", help="print only; write no plan file")
+    add_force_option(p, "the plan file (-o) and the --export folder's files")
     p.add_argument("--export", metavar="DIR", help="also write the plan as --framework runs it into DIR (exaplan export: "
                    "megatron -> Megatron-LM, deepspeed -> Megatron-DeepSpeed, torchtitan, maxtext; --export-to picks another)")
     p.add_argument("--export-to", metavar="TARGET", help="the export target of --export when not the framework's own "
@@ -27,10 +30,19 @@ def add_parser(sub) -> None:
                         "group (exaplan check: a training step under fake tensors, torch's memory against the "
                         "planner's); a layout that fails or disagrees gives way to the next of the top K; exit 1, "
                         "nothing written, when none passes (exaplan's own runtime: --framework exaplan, --backend torch)")
-    p.add_argument("--draws", type=int, default=200,
+    p.add_argument("--draws", type=_draws, default=200,
                    help="draws of the fitted figures within their uncertainty to test whether the first choice stays "
-                        "first (default 200; 0: skip)")
+                        f"first (default 200; 0: skip; at most {MAX_DRAWS:,}, about 30 s)")
     add_pin_options(p)
+
+
+MAX_DRAWS = 10_000  # 2,000 already pin how often #1 stays first to +/-1%; each draw re-scores the finalists (~3 ms)
+
+
+def _draws(text: str) -> int:
+    if not text.strip().isdigit() or int(text) > MAX_DRAWS:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: a whole number from 0 to {MAX_DRAWS:,} (default 200)")
+    return int(text)
 
 
 BACKENDS = ("torch", "jax")
@@ -89,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top <= 0:
         raise PlanError("must be at least 1", field="top")
+    if not args.no_write:  # refused before the search, not after it
+        check_target(args.output, "the plan file (-o)", args.force)
     pins = pins_of(args)
     args.framework = backend_framework(args)
     model, machine, job = load_inputs(args)
@@ -107,18 +121,19 @@ def run(args: argparse.Namespace) -> int:
                 print_json(dict(check=checked, plan_file=None))
             return 1
     chosen = checked["chosen"] if checked else 0
-    plan = build_plan(model, machine, job, args.nodes, lay, ev, chosen, command=command_line(), backend=args.backend)
+    plan = build_plan(model, machine, job, args.nodes, lay, ev, chosen, command=command_line(), backend=args.backend,
+                      machine_file=machine_file_of(args))
     exported = _export(plan, args) if args.export else None  # refused before anything is written
     if exported is not None:
         from export.base import check_folder
 
-        check_folder(exported, args.export)
+        check_folder(exported, args.export, args.force)
     if not args.no_write:
-        write_plan(plan, args.output)
+        write_plan(plan, args.output, force=args.force)
     if exported is not None:
         from export import write_export
 
-        write_export(exported, args.export, None if args.no_write else args.output)
+        write_export(exported, args.export, None if args.no_write else args.output, args.force)
     u = uncertainty_of(machine, job.framework)
     robust, robust_s = _robustness(model, machine, job, result, u, args.draws)
     stats = dict(legal_layouts=result.total_layouts, layouts_scored=result.layouts_scored, fitting=result.fitting,

@@ -22,8 +22,11 @@ def run(args: argparse.Namespace) -> int:
     from runtime import launch, preflight
     from runtime.options import check_run_args
 
+    from cli.common import repredicted_memory_gib
+
     preflight.check_options(args)
     plan = check_run_args(args)
+    memory_gib = repredicted_memory_gib(plan)  # a hand-edited plan that no longer fits: refused here, not OOM later
     if (args.backend or getattr(plan, "backend", None) or "torch") == "jax":
         from jaxrt.launch import start
 
@@ -33,5 +36,5 @@ def run(args: argparse.Namespace) -> int:
         from runtime import trainer
 
         return trainer.run_rank(args)
-    preflight.check_fits_this_machine(plan)
+    preflight.check_fits_this_machine(plan, memory_gib=memory_gib)
     return launch.start_locally(plan, args, args.argv[args.argv.index("run") + 1:])

@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
                             "gpu_kernels.json; docs/gpu/2026-11-26-h100-kernels.json is an H100's)")
     v.add_argument("--plot", metavar="PNG", help="with --kernels: also draw attention's rate against the sequence "
                                                "per backend and the model, and model / measured per case, into PNG")
+    v.add_argument("--force", action="store_true", help="replace an existing --plot file (never a symlink or a device)")
     v.add_argument("--model", default="protein-small", help="with --local: the model (default protein-small)")
     v.add_argument("--machine", default="local", help="with --local: the machine model to predict with (default local); "
                                                       "with --kernels: the preset of the measured card (default: from "
@@ -79,6 +80,10 @@ def _kernels(args) -> int:
     for option in ("kernels", "plot"):  # before they become file names
         if getattr(args, option):
             check_name_or_path(getattr(args, option), f"--{option}")
+    if args.plot:
+        from planner.schema.files import check_target
+
+        check_target(args.plot, "the plot (--plot)", args.force)
     data = kernel_check.load(args.kernels)
     card = data["device"]["device"]
     name = args.machine if args.machine != "local" else kernel_check.preset_for(card)
@@ -87,7 +92,7 @@ def _kernels(args) -> int:
     machine = load_machine(name)
     rows = kernel_check.compare(data, machine)
     if args.plot:
-        kernel_check.plot(data, machine, rows, args.plot)
+        kernel_check.plot(data, machine, rows, args.plot, force=args.force)
     if args.json:
         print_json(kernel_check.to_json(data, machine, rows))
     else:

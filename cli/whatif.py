@@ -68,6 +68,9 @@ def add_parser(sub) -> None:
     w.add_argument("--report", metavar="FILE.html", help="also write the self-contained HTML report with its plots")
     w.add_argument("--plots", metavar="DIR", help="also save the plots as PNG files in DIR, created if missing: "
                                                   "scaling.png, pareto.png, and heatmap.png with two varied fields")
+    w.add_argument("--force", action="store_true",
+                   help="replace the --csv and --report files and the --plots PNGs when they exist (never a "
+                        "symlink or a device); without it an existing one is refused before the sweep")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     for option in ("csv", "report", "plots"):  # before they become file names (ENAMETOOLONG, NUL)
         if getattr(args, option):
             check_name_or_path(getattr(args, option), option)
+    _check_outputs(args)
     writer = _report_writer() if args.report else None
     plots = _plots_saver(args.plots) if args.plots else None
     bar = ProgressBar(enabled=sys.stderr.isatty())  # stderr: --json output on stdout stays clean
@@ -150,6 +154,22 @@ def _plots_saver(directory: str):
             raise PlanError(f"cannot write the plots in {directory}: {e.strerror or e}", field="plots") from None
 
     return save
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The files the sweep will write, refused before it runs when they exist (without --force),
+    are links or are not regular files."""
+    from pathlib import Path
+
+    from planner.schema.files import check_target
+
+    for option, what in (("csv", "the CSV (--csv)"), ("report", "the report (--report)")):
+        if getattr(args, option):
+            check_target(getattr(args, option), what, args.force)
+    if args.plots and Path(args.plots).is_dir():
+        for name in ("scaling.png", "pareto.png", "heatmap.png"):
+            if (Path(args.plots) / name).exists() or (Path(args.plots) / name).is_symlink():
+                check_target(Path(args.plots) / name, f"the plot {name} (--plots)", args.force)
 
 
 def _write(fn, option: str) -> None:

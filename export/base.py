@@ -61,14 +61,15 @@ class Export:
         return None if self.entry is None else self.entry.replace(EXPORT_DIR, str(Path(folder).resolve()))
 
 
-def write_export(export: Export, out_dir: str | Path, plan_path: str | Path | None = None) -> list[Path]:
-    """Write the files into `out_dir`: a new folder, or an existing one that is empty or holds
+def write_export(export: Export, out_dir: str | Path, plan_path: str | Path | None = None,
+                 force: bool = False) -> list[Path]:
+    """Write the files into `out_dir`: a new folder, an empty one, or with `force` one that holds
     only the files of an earlier export of the same target (they are replaced). Anything else
     in it: PlanError, nothing written. Written into a temporary folder beside it first, then
     moved, so an error leaves nothing half-written."""
     out = Path(out_dir)
     names = _named_files(export, plan_path)
-    check_folder(export, out)
+    check_folder(export, out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -96,9 +97,12 @@ def _named_files(export: Export, plan_path) -> dict[str, str]:
     return names
 
 
-def check_folder(export: Export, out_dir: str | Path) -> None:
-    """PlanError unless `out_dir` is new, empty, or an earlier export of the same target."""
+def check_folder(export: Export, out_dir: str | Path, force: bool = False) -> None:
+    """PlanError unless `out_dir` is new or empty, or, with `force`, an earlier export of the
+    same target; never a symlink."""
     out = Path(out_dir)
+    if out.is_symlink():
+        raise PlanError(f"{out} is a symbolic link: give a folder (nothing is written through a link)", field="output")
     if not out.exists():
         return
     if not out.is_dir():
@@ -114,6 +118,9 @@ def check_folder(export: Export, out_dir: str | Path) -> None:
     if previous != export.target or not theirs <= _previous_files(marker):
         raise PlanError(f"{out} exists and holds other files ({', '.join(sorted(theirs)[:3])}"
                         f"{', ...' if len(theirs) > 3 else ''}); give a new or empty folder", field="output")
+    if not force:
+        raise PlanError(f"{out} holds an earlier {export.target} export: give --force to replace it, or a new "
+                        "folder", field="output")
 
 
 def _previous_files(marker: Path) -> set[str]:

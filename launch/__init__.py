@@ -12,7 +12,6 @@ Everything machine-specific comes from the machine file's `launch:` section
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from launch import job as _job
@@ -105,21 +104,14 @@ def _job_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)[:60]
 
 
-def write_script(job: Job) -> str:
-    """Render and write the script atomically (executable); returns its text."""
+def write_script(job: Job, force: bool = False) -> str:
+    """Render and write the script atomically, executable (planner.schema.files.write_new: an
+    existing script replaced only with `force`, never through a symlink); returns its text."""
     from launch.script import render
+    from planner.schema.files import write_new
 
     text = render(job)
-    tmp = job.script.with_name(f".{job.script.name}.tmp")
-    try:
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        tmp.replace(job.script)
-    except OSError as e:
-        raise PlanError(f"cannot write the job script: {e.strerror}", field=str(job.script)) from None
-    finally:
-        if tmp.exists():
-            os.unlink(tmp)
+    write_new(job.script, text, what="the job script", force=force, mode=0o755)
     return text
 
 

@@ -242,9 +242,10 @@ def _finite_prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob
 
 
 def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, lay: Layouts, ev: Evaluation, i: int,
-               command: str | None = None, backend: str | None = None) -> Plan:
+               command: str | None = None, backend: str | None = None, machine_file: str | None = None) -> Plan:
     """The plan of row i of an evaluation of explicit layouts, for `backend` (torch, jax; None:
-    the torch runtime, unnamed as in plans before the JAX backend)."""
+    the torch runtime, unnamed as in plans before the JAX backend); `machine_file`: the file
+    --machine named, when not a preset (recorded for `exaplan launch`)."""
     one = lay.take([i])
     row = one.row(0)
     kind = SHARDINGS[row["sharding"]]
@@ -265,7 +266,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         collectives=Collectives(library=machine.collective_library.value, communicators=comms, env=env),
         prediction=_finite_prediction(model, machine, job, ev, i),
         provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,
-                              command=command or shlex.join(["exaplan", *sys.argv[1:]])),
+                              command=command or shlex.join(["exaplan", *sys.argv[1:]]), machine_file=machine_file),
     )
     try:
         plan = Plan(backend=backend, **parts)

@@ -280,13 +280,16 @@ def _umask() -> int:
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
     """Write the chunks to a temporary file beside `path`, then rename: a reader never sees half
     a file, and a failure (in writing or in producing a chunk) leaves `path` as it was."""
-    path = Path(path)
+    from planner.schema.files import check_target
+
+    path = check_target(path, "the output file", force=True)  # never through a symlink or over a device
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)
         os.chmod(tmp, 0o666 & ~_umask())
+        check_target(path, "the output file", force=True)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -93,9 +93,10 @@ def start_locally(plan: Plan, args, trainer_args: list[str]) -> int:
     removes --out again when this call created it, so nothing is left behind."""
     import shutil
 
-    from runtime.options import check_before_launch
+    from runtime.options import check_before_launch, check_no_earlier_results
     from runtime.runlock import OWNER_ENV, RunLock
 
+    check_no_earlier_results(args)
     out = Path(args.out)
     created = not out.exists()
     lock = RunLock(out, getattr(args, "argv", None))
@@ -124,7 +125,7 @@ def spawn_local(plan: Plan, trainer_args: list[str], out: str | Path | None = No
     with this process (parent-death signal); its ranks then stop on their own (ParentWatchdog)."""
     from runtime.options import EXIT_REQUEUE
     from runtime.startup import raise_nofile_limit
-    from runtime.walltime import STOPPED_FILE, Forwarder, launcher_preexec
+    from runtime.walltime import LOCAL_LAUNCHER_ENV, STOPPED_FILE, Forwarder, launcher_preexec
 
     if plan.nodes != 1:
         raise PlanError(f"this plan spans {plan.nodes} nodes: start it on every node with srun, mpiexec or torchrun "
@@ -136,6 +137,7 @@ def spawn_local(plan: Plan, trainer_args: list[str], out: str | Path | None = No
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.ranks_per_node)))
     # torchrun keeps SIGTERM ignored (it would otherwise kill the ranks 30 s later, mid-save).
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"
+    env[LOCAL_LAUNCHER_ENV] = "1"  # a signal-stopped rank exits 0: no ChildFailedError traceback
     raise_nofile_limit()  # inherited by torchrun and the ranks
     stopped = Path(out) / STOPPED_FILE if out is not None else None
     if stopped is not None:

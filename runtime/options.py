@@ -77,6 +77,38 @@ def parse_run_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+class _Refusing(argparse.ArgumentParser):
+    """A parser whose usage errors are PlanErrors (for options read by another command)."""
+
+    def error(self, message: str):
+        raise PlanError(message, field=self.prog)
+
+
+def check_launch_run_args(words: list[str], plan_path: str) -> None:
+    """`exaplan launch --run-args`: the options the job's `exaplan run` will get, parsed by its
+    own parser and their numbers checked now, so that a job is never queued to die on its
+    first line. The plan and --out are launch's own (one each)."""
+    from runtime.preflight import _FLOATS, _INTS
+
+    ap = _Refusing(prog="--run-args", add_help=False)
+    add_run_arguments(ap)
+    ap.set_defaults(out=None)
+    if any(w in ("-h", "--help") for w in words):
+        raise PlanError("--help is no option of a run: see `exaplan run --help`", field="--run-args")
+    args = ap.parse_args([plan_path, *words])
+    if args.out is not None:
+        raise PlanError("the run's output folder is launch's own --out (give it there, once)", field="--run-args")
+    for flag, attr, low, high in _INTS:
+        value = getattr(args, attr, None)
+        if value is not None and not low <= value <= high:
+            raise PlanError(f"{flag} must be an integer from {low:,} to {high:,}, got {value}", field="--run-args")
+    for flag, attr, low, high in _FLOATS:
+        value = getattr(args, attr, None)
+        if value is not None and not (value == value and low < value <= high):
+            raise PlanError(f"{flag} must be a finite number above {low:g} and at most {high:g}, got {value}",
+                            field="--run-args")
+
+
 def check_run_args(args: argparse.Namespace):
     """The plan, read and checked against the options (the DPO options against the plan's
     workload), so that bad input is refused with exit code 2 before any rank starts.
@@ -92,6 +124,19 @@ def check_run_args(args: argparse.Namespace):
 
         dpo.check_args(args, plan)
     return plan
+
+
+RESULT_FILES = ("summary.json", "metrics.jsonl")  # what a run writes in --out that a second run would replace
+
+
+def check_no_earlier_results(args: argparse.Namespace) -> None:
+    """A run never replaces another's results: without --resume, an --out holding summary.json
+    or metrics.jsonl is refused (by the launcher, before it takes the lock: a rank cannot tell
+    an earlier run's files from those its own rank 0 has just begun)."""
+    earlier = [n for n in RESULT_FILES if (Path(args.out) / n).exists()]
+    if not args.resume and earlier:
+        raise PlanError(f"{args.out} holds an earlier run's results ({', '.join(earlier)}): choose another --out "
+                        "(or remove them); a run never replaces another's", field="--out")
 
 
 def check_before_launch(args: argparse.Namespace, plan=None) -> None:

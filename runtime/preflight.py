@@ -63,6 +63,8 @@ def _check_paths(args) -> None:
         value = getattr(args, attr, None)
         if value is not None and (len(str(value)) > MAX_PATH_CHARS or "\0" in str(value)):
             raise PlanError(f"not a usable path ({len(str(value)):,} characters)", field=flag)
+    if not str(args.out).strip():  # Path("") is the current directory: a run would write over ./plan.yaml
+        raise PlanError("an empty path: give the run's output folder", field="--out")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise PlanError(f"{out} exists and is not a directory", field="--out")
@@ -127,11 +129,12 @@ def usable_cores() -> int:
 MAX_RANKS_PER_CORE = 8
 
 
-def check_fits_this_machine(plan, gpus: int | None = None) -> None:
+def check_fits_this_machine(plan, gpus: int | None = None, memory_gib: float | None = None) -> None:
     """Refuse a plan that `exaplan run` cannot start here (it starts one node's ranks through
     torchrun): several nodes, more ranks than GPUs (or far more than cores on a CPU), or more
     predicted memory than the host has. `gpus`: the visible GPUs (None: count them only if
-    torch is already imported; 0 on a CPU)."""
+    torch is already imported; 0 on a CPU). `memory_gib`: a device's memory as the plan's
+    layout predicts it again (default: the plan's own figure)."""
     if plan.nodes != 1:
         raise PlanError(f"this plan spans {plan.nodes} nodes ({plan.world_size} ranks): start it on every node with "
                         f"srun, mpiexec or torchrun (each process then runs as one rank), or `exaplan launch`",
@@ -150,11 +153,11 @@ def check_fits_this_machine(plan, gpus: int | None = None) -> None:
                         f"the {cores} here: it was made for another machine (plan for `--machine local`)",
                         field="ranks_per_node")
     host = host_memory_gib()
-    need = plan.prediction.memory_gib_per_device * ranks
+    each = max(plan.prediction.memory_gib_per_device, memory_gib or 0.0)
+    need = each * ranks
     if host is not None and need > host:
         raise PlanError(f"the plan's {ranks} ranks need {need:,.1f} GiB predicted "
-                        f"({plan.prediction.memory_gib_per_device:,.2f} each); this host has {host:,.1f} GiB",
-                        field="memory")
+                        f"({each:,.2f} each); this host has {host:,.1f} GiB", field="memory")
 
 
 def _visible_gpus() -> int:

@@ -29,6 +29,11 @@ class PretrainTask:
 
             prepared = ensure_prepared(args.data, out / "data", rank=rank)
             self.val_set = TokenDataset(prepared, "validation")
+            if len(self.val_set) == 0:  # too few sequences for a held-out split: train, and say so once
+                if rank == 0:
+                    print(f"warning: {args.data}: the validation split is empty (too few sequences to hold any "
+                          "out): validation is skipped (summary.json: val_loss null)", flush=True)
+                self.val_set = None
             loader = Loader(TokenDataset(prepared, "train"), seq_len=seq, micro_batch=mbs,
                             dp_rank=mesh["dp"].get_local_rank(), dp_size=mesh["dp"].size(), seed=args.seed,
                             grad_accumulation=self.gas)
@@ -98,10 +103,14 @@ class PretrainTask:
         holders = dist.get_world_size() // self.plan.mesh.pp
         return [(v / holders, None) for v in rows[:, 0].tolist()]
 
-    def validate(self) -> float:
+    def validate(self) -> float | None:
         """Mean loss over `val_batches` global batches of validation samples (no gradients): the
-        same samples whatever the layout, split over the data-parallel ranks as in training."""
+        same samples whatever the layout, split over the data-parallel ranks as in training;
+        None without a validation split."""
         import torch
+
+        if self.val_set is None:
+            return None
 
         from runtime.loader import Loader
         from runtime.model import loss_fn

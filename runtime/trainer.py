@@ -124,12 +124,13 @@ def train(args, stop=None) -> int:
                 return _stop_for_requeue(run, step, owns_group)
         run.agreement.close()
 
-        # 10. The end: last checkpoint, validation, measured against predicted.
+        # 10. The end: the last checkpoint first (nothing after it can lose the training), then
+        # validation, measured against predicted.
+        if not args.no_final_checkpoint:
+            run.save(args.steps)
         val = task.validate()
         if isinstance(val, dict):  # DPO: the final metrics get their own record (pretraining: summary only)
             run.writer.log_dpo_validation(args.steps - 1, val)
-        if not args.no_final_checkpoint:
-            run.save(args.steps)
         run.writer.finish({**_final_summary(val), "compiled_blocks": _compiled_blocks(parts)})
     if owns_group:
         dist.barrier()  # no rank tears its group down while another still uses it (gloo aborts:
@@ -260,8 +261,10 @@ def _stop_for_requeue(run: _Run, step: int, owns_group: bool) -> int:
     rank 0 records why (metrics.jsonl, summary.json, OUT/stopped.json). EXIT_REQUEUE."""
     import torch.distributed as dist
 
+    import os
+
     from runtime.options import EXIT_REQUEUE
-    from runtime.walltime import write_stopped
+    from runtime.walltime import LOCAL_LAUNCHER_ENV, write_stopped
 
     reason = (run.stop.requested if run.stop else None) or "a signal on another rank"
     run.save(step + 1)
@@ -276,7 +279,9 @@ def _stop_for_requeue(run: _Run, step: int, owns_group: bool) -> int:
     dist.barrier()  # no rank exits before rank 0 has recorded the stop (a launcher ends the others then)
     if owns_group:
         dist.destroy_process_group()
-    return EXIT_REQUEUE
+    # Under `exaplan run`'s own torchrun the parent turns the recorded stop into 85 itself; a rank's
+    # 0 keeps torchrun from printing its ChildFailedError traceback after the clean message.
+    return 0 if os.environ.get(LOCAL_LAUNCHER_ENV) == "1" else EXIT_REQUEUE
 
 
 def _log_validation(writer, step: int, val) -> None:

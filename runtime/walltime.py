@@ -33,6 +33,9 @@ from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 STOPPED_FILE = "stopped.json"
+# Set by `exaplan run`'s own torchrun for its ranks: a rank stopped by a signal exits 0 there
+# (the parent reports 85 from stopped.json), 85 under srun, mpiexec or a job's torchrun.
+LOCAL_LAUNCHER_ENV = "EXAPLAN_LOCAL_LAUNCHER"
 
 
 class StopSignal:
@@ -125,11 +128,12 @@ class Forwarder:
             signal.signal(sig, old)
 
     def exit_code(self, code: int, stopped: bool, requeue: int) -> int:
-        """The parent's exit code: 85 when a stop signal made the ranks save; 128 + signal
-        (130 SIGINT, 129 SIGHUP) when those stopped the run; else torchrun's."""
+        """The parent's exit code: 85 when a stop signal made the ranks save (they exit 0 under
+        this launcher: LOCAL_LAUNCHER_ENV); 128 + signal (130 SIGINT, 129 SIGHUP) when those
+        stopped the run; else torchrun's."""
         if self.received in ("SIGINT", "SIGHUP"):
             return 128 + int(signal.Signals[self.received])
-        if code != 0 and stopped:
+        if stopped:
             return requeue
         return code
 

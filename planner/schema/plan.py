@@ -19,7 +19,8 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from planner.schema.errors import PlanError, format_validation_error
+from planner.schema.errors import PlanError, check_name_or_path, format_validation_error
+from planner.schema.files import load_yaml_file
 from planner.schema.launch import env_problems
 from planner.schema.specs import (  # noqa: F401 - the layout enums are part of the plan's API
     Algorithm, Fraction, FrameworkProfile, MachineModel, ModelSpec, PosInt, Precision, Recompute, Schedule, Sharding, Spec,
@@ -195,6 +196,10 @@ class Provenance(Spec):
     exaplan_version: str
     cost_model_version: str
     command: str = Field(description="Regenerates this plan.")
+    machine_file: str | None = Field(
+        None, max_length=4096, description="The machine file the plan was made from (its absolute path), when "
+                                           "--machine named a file rather than a preset: exaplan launch reads the "
+                                           "file's launch: section from it.")
     content_hash: str = Field("", description="sha256 of the plan without this field; checked on load.")
 
 
@@ -391,6 +396,8 @@ def _body(plan: Plan, for_hash: bool = False) -> dict:
     body = plan.model_dump(mode="json")
     if body.get("backend") is None:
         body.pop("backend", None)
+    if body["provenance"].get("machine_file") is None:  # added later: absent for a preset's plan
+        body["provenance"].pop("machine_file", None)
     if for_hash and body["sharding"].get("ddp_impl") is None:  # plans made before the field was added keep their hash
         body["sharding"].pop("ddp_impl", None)
     if body["machine"].get("inter_node_efficiency", 0) is None:  # added later: absent where not measured apart
@@ -435,37 +442,23 @@ def dumps_plan(plan: Plan, fmt: str = "yaml") -> str:
     return header + yaml.safe_dump(body, sort_keys=False, width=100, default_flow_style=None)
 
 
-def write_plan(plan: Plan, path: str | Path, fmt: str | None = None) -> None:
-    """Write atomically (temporary name, then rename): nothing half-written on failure."""
+def write_plan(plan: Plan, path: str | Path, fmt: str | None = None, force: bool = False) -> None:
+    """Write atomically (a temporary file in the same directory, then a rename): nothing
+    half-written on failure; an existing file replaced only with `force`, never a symlink, a
+    device or a directory (planner.schema.files.write_new)."""
+    from planner.schema.files import write_new
+
     path = Path(path)
     fmt = fmt or ("json" if path.suffix == ".json" else "yaml")
-    text = dumps_plan(plan, fmt)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)
-    except OSError as e:
-        raise PlanError(f"cannot write the plan: {e.strerror}", field=str(path)) from None
-    finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
+    write_new(path, dumps_plan(plan, fmt), what="the plan", force=force)
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read and check a plan file: schema, consistency and content hash."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise PlanError(f"cannot read plan file: {e.strerror}", field=str(path)) from None
-    except UnicodeDecodeError:
-        raise PlanError("cannot read plan file: not UTF-8 text", field=str(path)) from None
-    try:
-        data = yaml.safe_load(text)  # JSON is YAML
-    except yaml.YAMLError as e:
-        raise PlanError(f"malformed YAML/JSON: {str(e).splitlines()[0]}", field=str(path)) from None
+    path = Path(check_name_or_path(str(path), "plan"))
+    # JSON is YAML. A device, a FIFO, a directory, a binary file, one over 64 MiB or nested over
+    # 64 levels is refused before it is parsed (planner/schema/files.py).
+    data = load_yaml_file(path, "plan file")
     if not isinstance(data, dict):
         raise PlanError("not a plan (expected a mapping at the top level)", field=str(path))
     version = data.get("schema_version")

@@ -46,5 +46,7 @@ def _cell(v) -> str:
     return str(v)
 
 
-def write_csv(result: WhatifResult, path: str | Path) -> None:
-    Path(path).write_text(csv_text(result))
+def write_csv(result: WhatifResult, path: str | Path, force: bool = True) -> None:
+    from planner.schema.files import write_new
+
+    write_new(path, csv_text(result), "the CSV (--csv)", force)

@@ -380,7 +380,7 @@ def _check_out(out: str, overwrite: bool) -> None:
     if not os.path.exists(out):
         return
     if not overwrite:
-        raise PlanError(f"{out}: already exists (pass --overwrite to replace it)", field="--out")
+        raise PlanError(f"{out}: already exists (give --force to replace it)", field="--out")
     try:
         ok = load_manifest(out)["format"] == FORMAT
     except PlanError:

@@ -216,7 +216,7 @@ def _check_inputs(fasta_paths, out_dir, max_len, val_fraction, seed, overwrite, 
         seen[real] = p
     out = os.path.abspath(os.fspath(out_dir))
     if os.path.exists(out) and not overwrite:
-        raise PlanError(f"{out}: already exists (pass overwrite=True / --overwrite to replace it)")
+        raise PlanError(f"{out}: already exists (give --force to replace it)")
     if os.path.exists(out) and not os.path.isfile(os.path.join(out, MANIFEST)):
         raise PlanError(f"{out}: exists and is not a prepared data directory; refusing to replace it")
     return paths, out, max_len, seed, shard_tokens

@@ -137,7 +137,9 @@ def test_export_folder_with_other_files_is_refused(tmp_path, pipelined):
     assert err.value.field == "output"
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     write_export(export_plan(pipelined, "megatron"), tmp_path / "fresh")
-    write_export(export_plan(pipelined, "megatron"), tmp_path / "fresh")  # an earlier export of the target: replaced
+    with pytest.raises(PlanError, match="give --force"):  # an earlier export of the target: replaced only when forced
+        write_export(export_plan(pipelined, "megatron"), tmp_path / "fresh")
+    write_export(export_plan(pipelined, "megatron"), tmp_path / "fresh", force=True)
     assert {"args.txt", "args.sh", "env.sh", "exaplan-export.json"} <= {p.name for p in (tmp_path / "fresh").iterdir()}
 
 

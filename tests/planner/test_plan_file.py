@@ -262,7 +262,9 @@ def test_inconsistent_plan_is_refused_before_the_hash(a_plan, tmp_path):
 
 def test_write_plan_leaves_no_temporary_file(a_plan, tmp_path):
     write_plan(a_plan, tmp_path / "plan.yaml")
-    write_plan(a_plan, tmp_path / "plan.yaml")  # over an existing file
+    with pytest.raises(PlanError, match="exists: give --force"):
+        write_plan(a_plan, tmp_path / "plan.yaml")  # over an existing file: only when forced
+    write_plan(a_plan, tmp_path / "plan.yaml", force=True)
     write_plan(a_plan, tmp_path / "plan.json")
     assert sorted(os.listdir(tmp_path)) == ["plan.json", "plan.yaml"]
     assert load_plan(tmp_path / "plan.json") == load_plan(tmp_path / "plan.yaml") == a_plan
@@ -272,12 +274,12 @@ def test_failed_write_keeps_the_old_file_and_no_temporary(a_plan, tmp_path, monk
     target = tmp_path / "plan.yaml"
     target.write_text("old contents\n")
 
-    def boom(self, other):
-        raise OSError("disk full")
+    def boom(src, dst):
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Path, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(PlanError, match="cannot write the plan") as err:
-        write_plan(a_plan, target)
+        write_plan(a_plan, target, force=True)
     assert err.value.field == str(target)
     assert os.listdir(tmp_path) == ["plan.yaml"]
     assert target.read_text() == "old contents\n"

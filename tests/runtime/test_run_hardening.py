@@ -252,3 +252,64 @@ def test_tensorboard_has_no_duplicate_steps_after_resume(tmp_path):
     steps = [e.step for e in events]
     assert steps == list(range(8))
     assert [e.value for e in events][3:] == [2.0] * 5
+
+
+# --- issue 51: nothing lost at the end, nothing replaced ----------------------------------------
+
+
+def test_an_empty_out_is_refused_before_anything_starts(plan, tmp_path, capsys, no_data_prep, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # Path("") is the current directory: it would be written over
+    assert main(["run", str(plan), "--out", ""]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "empty path" in err and "Traceback" not in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_out_with_an_earlier_runs_results_is_refused(plan, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text('{"measured": 1}\n')
+    assert main(["run", str(plan), "--out", str(out), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "earlier run's results (summary.json)" in err and "Traceback" not in err
+    assert sorted(os.listdir(out)) == ["summary.json"]  # no lock, no data left behind
+    assert (out / "summary.json").read_text() == '{"measured": 1}\n'
+
+
+@pytest.mark.slow
+def test_a_fasta_too_small_for_a_validation_split_trains_and_keeps_its_work(plan, tmp_path):
+    """The old end: every step trained, then the final validation over 0 sequences raised (a
+    torchrun traceback, no summary.json, no checkpoint)."""
+    import json
+
+    fasta = tmp_path / "three.fasta"
+    fasta.write_text("".join(f">s{i}\n{'MKTAYIAKQRQISFVKSHFSRQ' * 2}\n" for i in range(3)))
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "cli", "run", str(plan), "--out", str(out), "--data", str(fasta),
+                        "--steps", "2", "--val-every", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "validation split is empty" in p.stdout + p.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["val_loss"] is None
+    from runtime import checkpoint
+
+    assert checkpoint.checkpoint_step(checkpoint.latest(out / "checkpoints")) == 2
+
+
+def test_a_hand_edited_plan_that_no_longer_fits_is_refused_before_any_rank(plan, tmp_path, capsys, no_data_prep):
+    """A larger sequence written into the file, its hash recomputed: the plan still says it
+    fits; its layout predicted again does not (the old code started ranks that then crashed)."""
+    from planner.schema.plan import load_plan, seal, write_plan
+
+    good = load_plan(plan)
+    job = good.job.model_copy(update={"seq_len": 1 << 16})
+    edited = tmp_path / "edited.yaml"
+    write_plan(seal(good.model_copy(update={"job": job})), edited)
+    assert load_plan(edited).prediction.fits
+    out = tmp_path / "out"
+    assert main(["run", str(edited), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "prediction.fits" in err and "make the plan again" in err and "Traceback" not in err
+    assert not out.exists()
+    assert main(["launch", str(edited), "-o", str(tmp_path / "job.sh")]) == 2
+    assert "make the plan again" in capsys.readouterr().err and not (tmp_path / "job.sh").exists()

@@ -67,6 +67,7 @@ def test_sigusr1_saves_exits_85_and_resume_matches_an_uninterrupted_run(tmp_path
     proc.send_signal(signal.SIGUSR1)  # a second signal, while the ranks finish the step or save
     log, _ = proc.communicate(timeout=300)
     assert proc.returncode == EXIT_REQUEUE, log[-3000:]
+    assert "ChildFailedError" not in log and "Traceback" not in log, log[-3000:]  # one clean line, no launcher trace
 
     from runtime import checkpoint
 
