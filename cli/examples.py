@@ -178,7 +178,7 @@ def regenerate(name: str, out_dir: Path = PLANS_DIR) -> Path:
     sys.argv = ["exaplan", *argv]
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            code = cli_main([*argv[:-1], str(target)])
+            code = cli_main([*argv[:-1], str(target), "--force"])  # the recorded command stays as argv
     finally:
         sys.argv = saved
     if code:
