@@ -71,7 +71,10 @@ def _environment(job: Job) -> list[str]:
     if s.cpus_per_rank:
         env["OMP_NUM_THREADS"] = str(s.cpus_per_rank)
     if s.ib_hca:
-        env.update(NCCL_IB_HCA=s.ib_hca, UCX_NET_DEVICES=s.ib_hca)
+        env["NCCL_IB_HCA"] = s.ib_hca
+        ucx = ucx_net_devices(s.ib_hca)
+        if ucx:
+            env["UCX_NET_DEVICES"] = ucx
     if s.socket_ifname:
         env.update(NCCL_SOCKET_IFNAME=s.socket_ifname, GLOO_SOCKET_IFNAME=s.socket_ifname)
     env.update(job.env)
@@ -149,6 +152,31 @@ def _rank_command(job: Job) -> list[str]:
     return words + ["--"] + [q(a) for a in job.exaplan_args]
 
 
+def ucx_net_devices(hca: str) -> str | None:
+    """UCX_NET_DEVICES for an NCCL_IB_HCA value, in UCX's device:port form (mlx5_0 -> mlx5_0:1),
+    or None where NCCL's value is a prefix (mlx5: every HCA) or an exclusion (^...), which UCX
+    cannot express: UCX then uses every device, as it does by default."""
+    text = hca.removeprefix("=")
+    if text.startswith("^"):
+        return None
+    devices = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        if not re.fullmatch(r"[A-Za-z0-9]+_\d+(:\d+)?", item):
+            return None
+        devices.append(item if ":" in item else f"{item}:1")
+    return ",".join(devices) or None
+
+
+GPU_FLAGS = {"nccl": "--nv", "rccl": "--rocm"}  # apptainer/singularity exec: the host's driver and devices
+
+
+def _container_gpu_flags(job: Job) -> list[str]:
+    """apptainer's and singularity's GPU option for the machine's devices (NVIDIA --nv, AMD --rocm):
+    without it the container sees no GPU. Intel GPUs need none (/dev/dri is bound with /dev)."""
+    flag = GPU_FLAGS.get(job.machine.collective_library.value)
+    return [flag] if flag and flag not in job.settings.container.options else []
+
+
 def _container(job: Job, rank: list[str]) -> list[str]:
     """The rank command in the container: the container's python3 runs it (staging is off in a container).
     apptainer / singularity wrap it (`exec --bind CODE,OUT,... --pwd CODE IMAGE`); with an EDF the container is
@@ -162,8 +190,8 @@ def _container(job: Job, rank: list[str]) -> list[str]:
         return ["env", '--chdir="${CODE}"', *python, *rank[1:]]
     binds = ",".join(['"${CODE}"', '"${OUT}"'] + [q(b) for b in c.binds])
     python = ["python3"] if rank[0] == '"${PY}"' else []
-    return [c.runtime, "exec", "--bind", binds, "--pwd", '"${CODE}"', *[q(o) for o in c.options],
-            q(str(job.container)), *python, *rank[1:]]
+    return [c.runtime, "exec", *_container_gpu_flags(job), "--bind", binds, "--pwd", '"${CODE}"',
+            *[q(o) for o in c.options], q(str(job.container)), *python, *rank[1:]]
 
 
 def _wrap(words: list[str], width: int = 100) -> str:
@@ -252,4 +280,6 @@ def _after(job: Job) -> list[str]:
         f'        echo "exaplan: {limit} requeues done; resubmit this script to continue" >&2',
         "    fi",
         "fi",
+        '# a run that ends (done, or failed) starts the next job of this --out with a fresh count',
+        f'if [ "${{rc}}" -ne {EXIT_REQUEUE} ]; then rm -f "${{OUT}}/logs/requeues"; fi',
         'exit "${rc}"']
