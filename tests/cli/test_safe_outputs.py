@@ -160,8 +160,11 @@ def test_set_reaches_the_launch_section(tmp_path, capsys):
     assert rc == 2 and "launch.ranks_per_node" in one_error(err, "launch")
     rc, _, err = run(capsys, "launch", plan, "-o", script, "--set", "machine.launch.ranks_per_node=4",
                      "--set", "machine.launch.gpus_per_node=4")
+    assert rc == 2 and "cpu_sets: 8 sets for 4 ranks per node" in one_error(err, "launch")  # the binding too
+    rc, _, err = run(capsys, "launch", plan, "-o", script, "--set", "machine.launch.ranks_per_node=4",
+                     "--set", "machine.launch.gpus_per_node=4", "--set", "machine.launch.cpu_sets=[0-13,14-27,56-69,70-83]")
     assert rc == 0, err
-    assert "--gpus-per-node=4" in script.read_text()
+    assert "--gpus-per-node=4" in script.read_text() and "mask_cpu:0x3fff," in script.read_text()
     rc, _, err = run(capsys, "launch", plan, "-o", script, "--force", "--set", "machine.launch.rank_per_node=4")
     assert rc == 2 and "unknown field" in one_error(err, "launch")
 

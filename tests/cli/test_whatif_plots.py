@@ -145,6 +145,8 @@ def test_a_failure_while_saving_is_exit_2_and_leaves_the_previous_plots_whole(ca
 
     monkeypatch.setattr(rp, "write_atomic", full_disk)
     rc, out, err = run(capsys, *argv)
+    assert rc == 2 and "give --force" in err  # the earlier plots are kept without --force
+    rc, out, err = run(capsys, *argv, "--force")
     assert rc == 2 and out == ""
     assert err == f"exaplan whatif: error: plots: cannot write the plots in {tmp_path}: No space left\n"
     assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == before  # whole, no temporary file left

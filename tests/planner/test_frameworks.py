@@ -158,7 +158,7 @@ def test_estimate_and_plan_take_the_framework(tmp_path, capsys):
     for precision, dtype in (("bf16", "fp32"), ("fp16", "fp16")):
         assert main(["estimate", "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "2", "--dp", "16",
                      "--mbs", "1", "--global-batch", "64", "--shard", "zero1", "--framework", "megatron",
-                     "--precision", precision, "-o", str(out)]) == 0
+                     "--precision", precision, "-o", str(out), "--force"]) == 0
         capsys.readouterr()
         assert main(["explain", str(out)]) == 0
         assert f"gradients reduced in {dtype}" in capsys.readouterr().out
