@@ -118,6 +118,25 @@ def layout_kind(plan) -> str:
     return " ".join(parts)
 
 
+def exaplan_table(plan) -> dict[str, float]:
+    """The communicator table (bytes a step) of the plan's layout as exaplan's torch runtime runs
+    it, which is what the check steps: a framework's or the JAX backend's plan is emitted again
+    under exaplan's profile (its own table counts what that framework would issue)."""
+    from runtime.check import torch_runtime_note
+
+    if torch_runtime_note(plan):
+        from machine_models.frameworks import as_exaplan_runtime
+        from planner.cost.layout import Layouts
+        from planner.cost.step import evaluate
+        from planner.emit import build_plan
+
+        ours = as_exaplan_runtime(plan)
+        lay = Layouts.from_plan(ours)
+        ev = evaluate(ours.model, ours.machine, ours.job, lay, ddp_buckets_mb=(ours.sharding.ddp_bucket_mb,))
+        plan = build_plan(ours.model, ours.machine, ours.job, ours.nodes, lay, ev, 0, command="check_sweep")
+    return {k.value: c.bytes_per_step for k, c in plan.collectives.communicators.items()}
+
+
 def _row(name: str, source: str, plan, result) -> dict:
     from runtime.check import communicator_bytes
 
@@ -127,7 +146,8 @@ def _row(name: str, source: str, plan, result) -> dict:
            "mesh": f"pp{m.pp} dp{m.dp_replicate}x{m.dp_shard} cp{m.cp} tp{m.tp}", "mbs": plan.micro_batch_size,
            "gas": plan.grad_accumulation_steps, "recompute": plan.recompute.value, "precision": plan.job.precision.value}
     row.update(result.as_json())
-    row["communicators"] = {k: {"measured": a, "plan": b} for k, (a, b) in communicator_bytes(plan, result).items()}
+    table = exaplan_table(plan)
+    row["communicators"] = {k: {"measured": a, "plan": table.get(k)} for k, (a, _) in communicator_bytes(plan, result).items()}
     return row
 
 
@@ -178,6 +198,26 @@ def _machine() -> dict:
     return {"cpu": device_name("cpu"), "cores": cores}
 
 
+def replanned(data: dict) -> dict:
+    """`data` with each row's communicator table (the plan side of the traffic comparison) taken
+    from its plan as the planner makes it now; torch's measured bytes and memory are kept. For a
+    change to the table alone (planner/emit.py), which moves no measured figure."""
+    from planner.schema.plan import load_plan
+
+    cases = {case[0]: case for case in sweep_cases()}
+    plans: dict = {}
+    for row in data["rows"]:
+        if "communicators" not in row:
+            continue
+        name = row["name"]
+        if name not in plans:
+            plans[name] = load_plan(ROOT / name) if row["source"] == "committed" else sweep_plan(cases[name])
+        table = exaplan_table(plans[name])
+        for k, v in row["communicators"].items():
+            v["plan"] = table.get(k)
+    return data
+
+
 def _updated(old: dict, new: dict, names: set[str]) -> dict:
     """`old` with the rows of the plans in `names` replaced by `new`'s, in `old`'s order (new
     plans at the end); the update's command, date and machine listed under `updates`."""
@@ -206,7 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update", action="store_true",
                     help="replace only the checked plans' rows of an existing --out (after a model change that "
                          "touches a few plans; the file lists each update's command and date)")
+    ap.add_argument("--replan", action="store_true",
+                    help="measure nothing: recompute the plan side of every row's traffic table in --out from the "
+                         "plans as the planner makes them now (after a change to the communicator table alone)")
     args = ap.parse_args(argv)
+    if args.replan:
+        data = replanned(json.loads(args.out.read_text()))
+        data.setdefault("updates", []).append({"command": "python -m calibration.check_sweep --replan",
+                                               "date": time.strftime("%Y-%m-%d"), "machine": _machine(), "seconds": 0})
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"the traffic tables of {len(data['rows'])} rows recomputed: {args.out}")
+        return 0
     if args.out.exists() and not args.out.is_file():
         print(f"error: --out {args.out} is not a file", file=sys.stderr)
         return 2

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from planner import COST_MODEL_VERSION, __version__
 from planner.cost import comm, compute, flops
-from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, SH_NONE, Layouts
-from planner.cost.memory import GIB, activation_bytes, microbatches_in_flight, zero_on_fp32_weights
+from planner.cost.layout import RC_FULL, RC_OP, RECOMPUTES, SCHEDULES, SHARDINGS, SH_NONE, Layouts
+from planner.cost.memory import GIB, activation_bytes, autocast_on_fp32_weights, microbatches_in_flight, zero_on_fp32_weights
 from planner.cost.step import Evaluation
 from planner.schema.plan import (
     CollectiveChoice,
@@ -140,23 +140,39 @@ def _communicators(model: ModelSpec, machine: MachineModel, job: TrainingJob, on
             algorithm=ar_alg if kind == Sharding.none else rsag_alg,
             ranks=grad_n, nodes_spanned=spanned(grad_n, row["tp"]),
             bytes_per_step=_dp_bytes(job, one, kind, P, B, gas, row["pp"], ref, int(one.shard_group[0])))
+    # Under autocast on fp32 weights (ZeRO, one replica) the residual stream stays fp32: what a
+    # pipeline stage sends, and the norm outputs sequence parallelism gathers, are 4 bytes a value.
+    fp32_stream = B == 2 and bool(autocast_on_fp32_weights(job, one)[0]) and (
+        kind in (Sharding.zero1, Sharding.zero2) or row["dp_replicate"] * row["dp_shard"] * row["cp"] == 1)
     if row["tp"] > 1:
         # A block's forward: all-gather and reduce-scatter around attention and the MLP under
         # sequence parallelism (an all-reduce after each without), its backward the transposes,
-        # full recompute the forward's again.
-        per_block = (4 if row["sp"] else 2) * (2 + (row["recompute"] == 2))
+        # full recompute the forward's again but its last (checkpoint's recompute stops once the
+        # saved tensors are back: the block's output is not one), selective-op the gathers of the
+        # k and up GEMMs' inputs it recomputes. On an fp32 stream the gathers (forward) and their
+        # transposes (backward), half the calls, move fp32.
+        # Without sequence parallelism each column-parallel input's gradient is all-reduced on its
+        # own (wq, wk, wv and the MLP's w1, w3: no PrepareModuleInput gathers them once).
+        forward = 4 if row["sp"] else 2
+        backward = 4 if row["sp"] else 3 + (2 if model.activation == "swiglu" else 1)
+        per_block = (forward + backward + (forward - 1 if row["recompute"] == RC_FULL else 0)
+                     + ref * forward)  # dpo: the reference's forward
+        per_block += 2 if row["sp"] and row["recompute"] == RC_OP else 0
+        widen = 1.5 if row["sp"] and fp32_stream else 1.0
         calls = per_block * model.layers / row["pp"] * row["gas"]
         comms[Communicator.tp] = CollectiveChoice(
             op="reduce_scatter+all_gather" if row["sp"] else "allreduce", algorithm=tp_alg, ranks=row["tp"],
-            nodes_spanned=spanned(row["tp"], 1), bytes_per_step=float(calls * act))
+            nodes_spanned=spanned(row["tp"], 1), bytes_per_step=float(calls * act * widen))
     if row["pp"] > 1:
         # Each chunk receives its input and sends its output forward, and the gradients back;
         # the first stage receives and the last sends nothing forward (an end rank: 4v - 2
-        # transfers a micro-batch, a middle one 4v); the reference's forward passes too.
+        # transfers a micro-batch, a middle one 4v); the reference's forward passes too. Under
+        # sequence parallelism a stage sends its sequence shard (1/tp); an fp32 stream, 4 bytes.
         stride = row["dp_replicate"] * row["dp_shard"] * row["cp"] * row["tp"]
+        sent = act / (row["tp"] if row["sp"] else 1) * (2 if fp32_stream else 1)
         comms[Communicator.pp] = CollectiveChoice(
             op="send_recv", algorithm=Algorithm.ring, ranks=row["pp"], nodes_spanned=spanned(row["pp"], stride),
-            bytes_per_step=float(gas * act * ((4 * v - 2) + ref * (2 * v - 1))))
+            bytes_per_step=float(gas * sent * ((4 * v - 2) + ref * (2 * v - 1))))
     if row["cp"] > 1:
         # Every block all-gathers K and V in forward (again when recomputed, and in the
         # reference's forward) and reduce-scatters their gradients in backward: the whole

@@ -53,8 +53,10 @@ def render(path: Path = RESULTS) -> str:
                f"{code(data.get('command', ''))} in {data.get('seconds', 0) / 60:.0f} min.\n")
     for u in data.get("updates", []):
         um = u.get("machine", {})
+        what = ("every row's communicator table recomputed from the plans, torch's figures kept"
+                if "--replan" in u.get("command", "") else "those plans' rows replaced")
         out.append(f"- Updated {u.get('date', '?')} on {um.get('cpu', '?')} ({um.get('cores', '?')} cores) by "
-                   f"{code(u.get('command', ''))} ({u.get('seconds', 0) / 60:.0f} min): those plans' rows replaced.\n")
+                   f"{code(u.get('command', ''))} ({u.get('seconds', 0) / 60:.0f} min): {what}.\n")
     out.append(
         "Each rank is built at the plan's full world size on torch's fake process group and steps twice under fake "
         "tensors; the second step is measured (see [Check a plan at full size](../guide/check.md)). *Error* is the "

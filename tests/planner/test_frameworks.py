@@ -177,7 +177,7 @@ def test_estimate_and_plan_take_the_framework(tmp_path, capsys):
     assert not (tmp_path / "no.yaml").exists()
     assert main(["estimate", "--model", "protein-7b", "--machine", "dgx-h100", "--nodes", "2", "--dp", "16",
                  "--mbs", "1", "--global-batch", "64", "--shard", "zero1", "--recompute", "selective-op",
-                 "-o", str(out)]) == 0
+                 "-o", str(out), "--force"]) == 0
     assert load_plan(out).recompute.value == "selective-op"
 
 
