@@ -1,4 +1,4 @@
-# exaplan: `make demo` runs the main job, `make test` runs the tests. Both build .venv first.
+# exaplan: `make demo` runs the main job, `make test` runs the tests (`make test-slurm`: the job scripts under a real Slurm). Both build .venv first.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU build of torch that lies on this kind of machine; never an unpinned torch.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test test-all docs docs-serve bench bench-runtime bench-jax bench-gpu bench-gpu-jax bench-gpu-kernels bench-local plans clean
+.PHONY: venv demo test test-all test-slurm docs docs-serve bench bench-runtime bench-jax bench-gpu bench-gpu-jax bench-gpu-kernels bench-local plans clean
 
 venv: $(STAMP)
 
@@ -45,6 +45,19 @@ demo: venv
 TEST_WORKERS ?= 2
 test: venv docs
 	$(BIN)/python -m pytest -q -m "not slow" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
+
+# `make test-slurm`: exaplan's own Slurm job scripts under a real Slurm (tests/slurm/): a private
+# slurmctld, two slurmd and munged started for the session in a temporary folder (nothing of the
+# system's Slurm used), sbatch of protein-tiny runs on the local machine. Installs Debian's Slurm
+# (slurm-wlm slurmctld slurmd munge) first where it is missing, when run as root with apt-get.
+# About 8 minutes on 2 cores (the staging test packs and sbcasts the whole .venv).
+SLURM_PACKAGES := slurm-wlm slurmctld slurmd munge
+test-slurm: venv
+	@if ! command -v sbatch >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES); \
+		else echo "make test-slurm: needs Slurm ($(SLURM_PACKAGES)) and root" >&2; exit 1; fi; fi
+	EXAPLAN_SLURM=1 $(BIN)/python -m pytest -q tests/slurm
 
 # The documentation site (docs/, mkdocs.yml; MkDocs with the Material theme): `make docs` builds it
 # into site/ with --strict (a broken link, a missing page or a failing generator fails the build);

@@ -100,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
     if args.from_runs:
         return _from_runs(args, base, out)
     from calibration.fit_measurements import fit, write_calibration
-    from calibration.measure import measure
+    from calibration.measure import launched_job, measure
 
     meas = measure(args.ranks, quick=args.quick, progress=not args.json)
+    if (launched_job() or {}).get("rank", 0) != 0:
+        return 0  # under a launcher (srun, mpiexec) rank 0 alone writes the files: another would find them written
     m = fit(meas, base)
     write_calibration(m, meas, out, force=args.force)
     if args.json:

@@ -112,6 +112,11 @@ def write_script(job: Job, force: bool = False) -> str:
 
     text = render(job)
     write_new(job.script, text, what="the job script", force=force, mode=0o755)
+    if job.scheduler != SchedulerKind.torchrun:
+        # The scheduler opens the job's output file (#SBATCH --output / #PBS -o, in OUT/logs) before
+        # the script runs, so before its `mkdir -p "${OUT}/logs"`: Slurm fails a job whose output
+        # folder is missing (JobLaunchFailure) and PBS loses the output. Made here, with the script.
+        (job.out / "logs").mkdir(parents=True, exist_ok=True)
     return text
 
 
@@ -120,7 +125,10 @@ def submit_hint(job: Job) -> str:
         return f"sbatch {job.script}"
     if job.scheduler == SchedulerKind.pbs:
         return f"qsub {job.script}"
-    return f"NODE_RANK=<0..{job.nodes - 1}> MASTER_ADDR=<first node> bash {job.script}   (on every node)"
+    if job.nodes == 1:
+        return f"bash {job.script}"
+    return (f"MASTER_ADDR=<first node> bash {job.script}   (on every node; in a Slurm job: srun --nodes={job.nodes} "
+            f"--ntasks-per-node=1 bash {job.script})")
 
 
 __all__ = ["Job", "calibrate_job", "framework_job", "plan_job", "submit_hint", "write_script"]

@@ -15,6 +15,7 @@ from launch.job import Job
 from planner.schema.launch import SchedulerKind, cpu_set_cores, header_value_problem
 
 q = shlex.quote
+RANK_EXIT_WAIT_S = 60  # srun --wait: how long the other ranks may run on after the first has ended
 
 
 def _safe(value: str) -> bool:
@@ -79,16 +80,32 @@ def _pbs_header(job: Job) -> list[str]:
 def job_vars(job: Job) -> list[str]:
     """JOB_ID and MASTER_ADDR (the rendezvous: the job's first host)."""
     if job.scheduler == SchedulerKind.slurm:
-        return ['JOB_ID="${SLURM_JOB_ID:?not inside a Slurm job (submit with sbatch)}"',
-                'MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"']
+        return ['JOB_ID="${SLURM_JOB_ID:?not inside a Slurm job (submit with sbatch)}"', *_slurm_first_node()]
     if job.scheduler == SchedulerKind.pbs:
         return ['JOB_ID="${PBS_JOBID:?not inside a PBS job (submit with qsub)}"',
                 'MASTER_ADDR="$(head -n 1 "${PBS_NODEFILE}")"']
-    first = "localhost" if job.nodes == 1 else ""
-    return ['JOB_ID="${EXAPLAN_JOB_ID:-torchrun}"',
-            'NODE_RANK="${NODE_RANK:-0}"',
-            f'MASTER_ADDR="${{MASTER_ADDR:-{first}}}"' if first else
-            'MASTER_ADDR="${MASTER_ADDR:?set MASTER_ADDR to the first node (run this script on every node with NODE_RANK)}"']
+    # torchrun: the same rendezvous id on every node; the first node from MASTER_ADDR, else from the
+    # allocation this script runs in (`srun bash job.sh` in a Slurm job, one per node; a PBS node file)
+    lines = ['JOB_ID="${EXAPLAN_JOB_ID:-${SLURM_JOB_ID:-${PBS_JOBID:-torchrun}}}"']
+    if job.nodes == 1:
+        return lines + ['MASTER_ADDR="${MASTER_ADDR:-localhost}"']
+    return lines + [
+        'if [ -z "${MASTER_ADDR:-}" ] && [ -n "${SLURM_JOB_NODELIST:-}" ]; then',
+        *["    " + line for line in _slurm_first_node()],
+        'elif [ -z "${MASTER_ADDR:-}" ] && [ -n "${PBS_NODEFILE:-}" ]; then',
+        '    MASTER_ADDR="$(head -n 1 "${PBS_NODEFILE}")"',
+        "fi",
+        'MASTER_ADDR="${MASTER_ADDR:?set MASTER_ADDR to the first node (run this script on every node)}"']
+
+
+def _slurm_first_node() -> list[str]:
+    """MASTER_ADDR: the address of the job's first node as Slurm reaches it (its NodeAddr), which is its
+    name unless the site gives the node another address (a name of the node list need not resolve)."""
+    # sed, not head: head stops reading at the first line, and scontrol, still writing a long node list, would
+    # die of SIGPIPE, which `set -o pipefail` turns into the script's end
+    return ['FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | sed -n 1p)"',
+            'MASTER_ADDR="$(scontrol show node -o "${FIRST_NODE}" 2>/dev/null | sed -n \'s/.* NodeAddr=\\([^ ]*\\).*/\\1/p\')" || MASTER_ADDR=""',
+            'MASTER_ADDR="${MASTER_ADDR:-${FIRST_NODE}}"']
 
 
 def per_node(job: Job) -> str:
@@ -113,7 +130,12 @@ def launcher(job: Job) -> list[str]:
     """The command (as shell words) that starts every rank; the rank command follows it."""
     s = job.settings
     if job.scheduler == SchedulerKind.slurm:
-        words = ["srun", f"--nodes={job.nodes}", f"--ntasks-per-node={job.ranks_per_node}"]
+        # --wait: once one rank has ended, the others get RANK_EXIT_WAIT_S, then srun ends them: a rank
+        # that is refused (a busy --out: only rank 0 takes the lock) or dies leaves the others blocked in
+        # the rendezvous or a collective until the walltime otherwise. The ranks of a run that ends or
+        # stops for a requeue leave together (a barrier before each exit: runtime/trainer.py).
+        words = ["srun", f"--nodes={job.nodes}", f"--ntasks-per-node={job.ranks_per_node}",
+                 f"--wait={RANK_EXIT_WAIT_S}"]
         if s.cpus_per_rank:
             words.append(f"--cpus-per-task={s.cpus_per_rank}")
         if s.cpu_sets:
@@ -130,9 +152,11 @@ def launcher(job: Job) -> list[str]:
         if s.cpu_sets:
             words += ["--cpu-bind", q("list:" + ":".join(s.cpu_sets))]
         return words
+    # torchrun's c10d rendezvous on the first node: the agents of all nodes meet there (the one on that
+    # host serves the store) and agree the node ranks, so no node needs to be told its NODE_RANK
     return ['"${PY}"', "-m", "torch.distributed.run", f"--nnodes={job.nodes}",
-            f"--nproc-per-node={job.ranks_per_node}", '--node-rank="${NODE_RANK}"', '--master-addr="${MASTER_ADDR}"',
-            '--master-port="${MASTER_PORT}"', "--max-restarts=0"]
+            f"--nproc-per-node={job.ranks_per_node}", "--rdzv-backend=c10d",
+            '--rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}"', '--rdzv-id="${JOB_ID}"', "--max-restarts=0"]
 
 
 def arrival_launcher(job: Job) -> list[str]:

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from planner.schema.errors import PlanError, check_name_or_path, format_validation_error
 from planner.schema.files import load_yaml_file, read_text
+from planner.schema.launch import LaunchSettings, SchedulerKind
 from planner.schema.specs import RENAMED_MACHINE_FIELDS, CollectiveEfficiency, MachineModel, MatmulEfficiency, Overlap, Precision, TopologyKind
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -87,6 +88,8 @@ def load_machine(name_or_path: str | Path, *, ranks: int | None = None) -> Machi
     if text == LOCAL:
         if LOCAL_FILE.exists():
             machine = load_machine_file(LOCAL_FILE)
+            if machine.launch is None:  # a local.yaml written before the local machine had one
+                machine = machine.model_copy(update={"launch": local_launch(machine.devices_per_node)})
             return machine if ranks is None else _with_ranks(machine, ranks)
         return detect_local_machine(DEFAULT_LOCAL_RANKS if ranks is None else ranks)
     preset = PRESET_DIR / f"{text}.yaml"
@@ -231,7 +234,17 @@ def detect_local_machine(ranks: int = DEFAULT_LOCAL_RANKS) -> MachineModel:
         dp_buffer_copies=2.0,  # FSDP2's copy-in and copy-out, in line with the collective on a CPU
         memory_reserve_gib=CPU_MEMORY_RESERVE_GIB,
         calibrated=False,
+        launch=local_launch(ranks),
     )
+
+
+def local_launch(ranks: int) -> LaunchSettings:
+    """The local machine's launch: section: all its ranks on this one node, torchrun by default
+    (a workstation), Slurm and PBS where this machine runs one (tests/slurm/ runs the Slurm
+    scripts under a real Slurm on this machine); no binding (the cores may be shared), the
+    staged environment in /tmp."""
+    return LaunchSettings(schedulers=[SchedulerKind.torchrun, SchedulerKind.slurm, SchedulerKind.pbs],
+                          default_scheduler=SchedulerKind.torchrun, ranks_per_node=ranks, local_scratch="/tmp")
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,6 +337,7 @@ def _with_ranks(machine: MachineModel, ranks: int) -> MachineModel:
             device_memory_gib=machine.device_memory_gib * scale,
             peak_tflops={p: tf * scale for p, tf in machine.peak_tflops.items()},
             memory_bandwidth_gbyte_s=machine.memory_bandwidth_gbyte_s * scale,
+            launch=None if machine.launch is None else machine.launch.model_copy(update={"ranks_per_node": ranks}),
             description=machine.description + f" Re-split from {old} to {ranks} ranks (compute and memory divided).",
         )
     )

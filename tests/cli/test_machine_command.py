@@ -355,7 +355,8 @@ def test_detect_without_gpus_writes_a_local_like_machine(capsys, tmp_path, monke
     m = load_quietly(tmp_path / "cpu.yaml")
     local = loader.detect_local_machine(loader.DEFAULT_LOCAL_RANKS)
     assert m.collective_library.value == "gloo" and m.devices_per_node == local.devices_per_node
-    assert m.peak_tflops == local.peak_tflops and m.launch is None
+    assert m.peak_tflops == local.peak_tflops
+    assert m.launch.default_scheduler.value == "torchrun" and m.launch.ranks_per_node == m.devices_per_node  # local's kind
     assert "not found: no GPU (nvidia-smi: not installed; rocm-smi: not installed; xpu-smi: not installed)" in err
     assert "not found: the scheduler" in err
 
