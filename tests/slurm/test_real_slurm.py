@@ -183,24 +183,6 @@ def test_f_the_calibrate_on_arrival_job_runs(slurm, tmp_path):
     assert (out / "fitted.yaml").is_file()
 
 
-@pytest.fixture(scope="module")
-def two_node_plan(tmp_path_factory) -> Path:
-    """protein-tiny on 2 nodes x 1 rank: the local machine as one rank a node, two nodes."""
-    import yaml
-
-    from machine_models import detect_local_machine
-
-    d = tmp_path_factory.mktemp("twonode")
-    local = detect_local_machine(1)
-    data = local.model_dump(mode="json")
-    data.update(name="twonode", nodes=2, launch=local.launch.model_dump(mode="json"))
-    (d / "twonode.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    plan = d / "two.yaml"
-    exaplan("estimate", "--model", "protein-tiny", "--machine", str(d / "twonode.yaml"), "--nodes", "2", "--seq-len",
-            "32", "--global-batch", "8", "--dp", "2", "--mbs", "2", "--shard", "none", "-o", str(plan))
-    return plan
-
-
 def _two_nodes(slurm):
     if len(slurm.node_names) < 2:
         pytest.skip("one slurmd only")

@@ -79,23 +79,6 @@ def test_the_slurm_rendezvous_is_the_first_nodes_address(plan, tmp_path):
     assert _run(lines, tmp_path, 'if [ "$2" = hostnames ]; then echo node7; else exit 1; fi', **job) == "node7"
 
 
-@pytest.fixture(scope="module")
-def two_node_plan(tmp_path_factory) -> Path:
-    import yaml
-
-    from machine_models import detect_local_machine
-
-    d = tmp_path_factory.mktemp("twonode")
-    local = detect_local_machine(1)
-    data = local.model_dump(mode="json")
-    data.update(name="twonode", nodes=2, launch=local.launch.model_dump(mode="json"))
-    (d / "twonode.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    plan = d / "two.yaml"
-    exaplan("estimate", "--model", "protein-tiny", "--machine", str(d / "twonode.yaml"), "--nodes", "2", "--seq-len",
-            "32", "--global-batch", "8", "--dp", "2", "--mbs", "2", "--shard", "none", "-o", str(plan))
-    return plan
-
-
 def test_the_torchrun_script_meets_by_c10d_on_the_first_node_of_the_allocation(two_node_plan, tmp_path):
     script = tmp_path / "job.sh"
     p = exaplan("launch", str(two_node_plan), "--scheduler", "torchrun", "--stage-env", "off", "--out",
