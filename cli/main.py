@@ -49,9 +49,30 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _lone_double_dash(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The flag given `--X=--`, if any. argparse (3.11, 3.12) drops that `--` as the end of
+    options and hands a one-value option an empty list instead of a string."""
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    for action in sub._actions:
+        if not action.option_strings or action.nargs is not None:
+            continue
+        value = getattr(args, action.dest, None)
+        if isinstance(action, argparse._AppendAction):
+            if isinstance(value, list) and [] in value:
+                return action.option_strings[-1]
+        elif value == [] and action.default != []:
+            return action.option_strings[-1]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    flag = _lone_double_dash(ap, args)
+    if flag:
+        print(f"exaplan {args.command}: error: {flag}: give it a value ('--' alone ends the options)", file=sys.stderr)
+        return 2
     args.argv = argv  # `run` hands its own arguments on to the ranks it starts
     try:
         return SUBCOMMANDS[args.command].run(args)

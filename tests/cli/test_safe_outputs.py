@@ -228,3 +228,53 @@ if given is not None:
         err = capsys.readouterr().err
         assert "Traceback" not in err
         assert (rc == 0 and script.exists()) or (rc == 2 and len(err.strip().splitlines()) == 1 and not script.exists())
+
+
+def _one_value_options():
+    """(subcommand, flag) for every one-value option of every subcommand."""
+    import argparse
+
+    from cli.main import build_parser
+
+    ap = build_parser()
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        for action in parser._actions:
+            if action.option_strings and action.nargs is None and action.option_strings[-1].startswith("--"):
+                yield name, action.option_strings[-1]
+
+
+def _exit_code(argv):
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own usage errors (a required option missing) exit 2 too
+        return e.code
+
+
+@pytest.mark.parametrize("command,flag", sorted(set(_one_value_options())))
+def test_an_option_given_a_lone_double_dash_is_refused(command, flag, capsys, tmp_path, monkeypatch):
+    """`--X=--` for every one-value option: argparse drops the `--` and hands the option an
+    empty list. Exit 2 with a message, no traceback, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    rc = _exit_code([command, f"{flag}=--"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.strip() and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["launch", "{plan}", "-o", "{tmp}/job.sh", "--run-args=--"], "--run-args"),
+    (["launch", "{plan}", "-o", "{tmp}/job.sh", "--set=--"], "--set"),
+    ([*EST, "-o", "{tmp}/plan2.yaml", "--set=--"], "--set"),
+    ([*EST, "-o", "{tmp}/plan2.yaml", "--precision=--"], "--precision"),
+])
+def test_a_lone_double_dash_is_refused_by_name(argv, flag, capsys, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    assert main([*EST, "-o", str(plan)]) == 0
+    capsys.readouterr()
+    rc = main([a.format(plan=plan, tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.strip().splitlines() == [f"exaplan {argv[0]}: error: {flag}: give it a value ('--' alone ends the options)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
