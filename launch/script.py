@@ -247,9 +247,16 @@ def _ranks(job: Job) -> list[str]:
     lines = ["# 5. The ranks: one process per device, each logging to ${OUT}/logs/rank-N.out", *resume,
              'cd "${CODE}"',
              'echo "exaplan: starting ${WORLD_SIZE_PLANNED} ranks; rendezvous ${MASTER_ADDR}:${MASTER_PORT}"',
-             "set +e", _wrap(command) + " &", "LAUNCHER_PID=$!",
-             "# The scheduler's signals, forwarded: the ranks save a checkpoint and exit 85",
-             "trap 'kill -s TERM \"${LAUNCHER_PID}\" 2>/dev/null || true' TERM USR1"]
+             "set +e", _wrap(command) + " &", "LAUNCHER_PID=$!"]
+    if job.resumable:
+        lines += ["# The scheduler's signals, forwarded: the ranks save a checkpoint and exit 85. SIGTERM to this",
+                  "# shell is a cancel (scancel, qdel): the checkpoint is saved but the job is not requeued",
+                  "CANCELLED=0",
+                  "trap 'kill -s TERM \"${LAUNCHER_PID}\" 2>/dev/null || true' USR1",
+                  "trap 'CANCELLED=1; kill -s TERM \"${LAUNCHER_PID}\" 2>/dev/null || true' TERM"]
+    else:
+        lines += ["# The scheduler's signals, forwarded to the ranks",
+                  "trap 'kill -s TERM \"${LAUNCHER_PID}\" 2>/dev/null || true' TERM USR1"]
     if schedulers.watchdog(job):
         delay = max(1, job.walltime_s - job.settings.signal_grace_s)
         lines += [f"# PBS has no --signal: a watchdog tells the ranks to save {job.settings.signal_grace_s} s before "
@@ -269,17 +276,22 @@ def _after(job: Job) -> list[str]:
         return ["# 6. Done", 'exit "${rc}"']
     limit = job.settings.max_requeues
     return [
-        f"# 6. Requeue: exit {EXIT_REQUEUE} means a checkpoint was saved before the walltime; the next job resumes",
-        f'if [ "${{rc}}" -eq {EXIT_REQUEUE} ]; then',
+        f"# 6. Requeue: exit {EXIT_REQUEUE} means a checkpoint was saved before the walltime; the next job resumes.",
+        "#    A cancelled job is not requeued; any other end starts the next job of this --out with a fresh count",
+        f'if [ "${{rc}}" -eq {EXIT_REQUEUE} ] && [ "${{CANCELLED}}" -eq 0 ]; then',
         '    requeues=$(( $(cat "${OUT}/logs/requeues" 2>/dev/null || echo 0) + 1 ))',
-        '    echo "${requeues}" > "${OUT}/logs/requeues"',
         f'    if [ "${{requeues}}" -le {limit} ]; then',
+        '        echo "${requeues}" > "${OUT}/logs/requeues"',
         f'        echo "exaplan: checkpoint saved before the walltime; requeue ${{requeues}} of {limit} (continues with --resume)"',
         *["        " + line for line in schedulers.requeue(job)],
         "    else",
+        '        rm -f "${OUT}/logs/requeues"',
         f'        echo "exaplan: {limit} requeues done; resubmit this script to continue" >&2',
         "    fi",
+        "else",
+        '    rm -f "${OUT}/logs/requeues"',
+        f'    if [ "${{rc}}" -eq {EXIT_REQUEUE} ]; then',
+        '        echo "exaplan: cancelled: the checkpoint is saved, the job is not requeued; resubmit this script to continue" >&2',
+        "    fi",
         "fi",
-        '# a run that ends (done, or failed) starts the next job of this --out with a fresh count',
-        f'if [ "${{rc}}" -ne {EXIT_REQUEUE} ]; then rm -f "${{OUT}}/logs/requeues"; fi',
         'exit "${rc}"']

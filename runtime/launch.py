@@ -93,10 +93,10 @@ def start_locally(plan: Plan, args, trainer_args: list[str]) -> int:
     removes --out again when this call created it, so nothing is left behind."""
     import shutil
 
-    from runtime.options import check_before_launch, check_no_earlier_results
+    from runtime.options import check_before_launch, check_out_of_a_new_segment
     from runtime.runlock import OWNER_ENV, RunLock
 
-    check_no_earlier_results(args)
+    check_out_of_a_new_segment(args)
     out = Path(args.out)
     created = not out.exists()
     lock = RunLock(out, getattr(args, "argv", None))

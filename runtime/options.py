@@ -139,6 +139,24 @@ def check_no_earlier_results(args: argparse.Namespace) -> None:
                         "(or remove them); a run never replaces another's", field="--out")
 
 
+def check_out_of_a_new_segment(args: argparse.Namespace) -> None:
+    """What the one process that owns --out (the local launcher; rank 0 under srun, mpiexec or a
+    job's torchrun, holding the lock, before it writes) refuses: an earlier run's results
+    without --resume, and a --resume of a run that is finished (its checkpoint at --steps), which
+    would only rewrite summary.json."""
+    from runtime.checkpoint.paths import checkpoint_step, latest
+
+    check_no_earlier_results(args)
+    if not args.resume:
+        return
+    found = latest(Path(args.out) / "checkpoints")
+    step = checkpoint_step(found) if found is not None else None
+    if step is not None and step >= args.steps:
+        raise PlanError(f"{args.out} holds a finished run: its checkpoint {found.name} is at step {step:,} and "
+                        f"--steps is {args.steps:,}, so nothing is left to resume (raise --steps to train on, or "
+                        "choose another --out)", field="--steps")
+
+
 def check_before_launch(args: argparse.Namespace, plan=None) -> None:
     """What can be refused before any rank starts: steps, the output folder, the data (the
     pretraining sequences, prepared here once; a dpo plan trains on --pairs, which the

@@ -48,6 +48,7 @@ def run_rank(args, stop=None) -> int:
     import os
 
     from runtime import launch
+    from runtime.options import check_out_of_a_new_segment
     from runtime.runlock import OWNER_ENV, RunLock
     from runtime.startup import raise_nofile_limit, tee_rank_log
     from runtime.walltime import ParentWatchdog, StopSignal
@@ -60,6 +61,11 @@ def run_rank(args, stop=None) -> int:
     lock = None
     if renv is not None and renv.rank == 0 and not os.environ.get(OWNER_ENV):
         lock = RunLock(args.out).acquire()  # under srun / mpiexec: rank 0 owns --out
+        try:
+            check_out_of_a_new_segment(args)  # before this rank writes anything
+        except BaseException:
+            lock.release()
+            raise
     try:
         if renv is not None:
             tee_rank_log(Path(args.out), renv.rank)

@@ -276,6 +276,58 @@ def test_an_out_with_an_earlier_runs_results_is_refused(plan, tmp_path, capsys):
     assert (out / "summary.json").read_text() == '{"measured": 1}\n'
 
 
+def _finished_run(out: Path, step: int) -> dict:
+    """An --out as a finished run leaves it: its last checkpoint (complete) and its results."""
+    from runtime.checkpoint.paths import COMPLETE, META, step_dir_name
+
+    ckpt = out / "checkpoints" / step_dir_name(step)
+    ckpt.mkdir(parents=True)
+    (ckpt / COMPLETE).write_text("")
+    (ckpt / META).write_text("{}")
+    (out / "summary.json").write_text('{"measured": 1}\n')
+    (out / "metrics.jsonl").write_text('{"kind": "train", "step": 0}\n')
+    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_resuming_a_finished_run_is_refused_and_its_results_kept(plan, tmp_path, capsys, no_data_prep):
+    """A resubmitted job script passes --resume whenever a checkpoint exists: a run already at
+    --steps would only rewrite summary.json. Refused, naming --steps; a run with steps left is not."""
+    out = tmp_path / "out"
+    before = _finished_run(out, 5)
+    assert main(["run", str(plan), "--out", str(out), "--steps", "5", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "--steps" in err and "holds a finished run" in err and "step-00000005 is at step 5" in err, err
+    assert {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+    from runtime.options import check_out_of_a_new_segment
+    from runtime.options import parse_run_args
+
+    check_out_of_a_new_segment(parse_run_args([str(plan), "--out", str(out), "--steps", "6", "--resume"]))
+
+
+@pytest.mark.parametrize("launcher", [{"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"},
+                                      {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}])
+def test_rank_0_under_a_scheduler_refuses_an_out_with_results_before_it_writes(plan, tmp_path, launcher,
+                                                                               monkeypatch):
+    """Under srun, mpiexec or a job's torchrun, no `exaplan run` parent checks --out: rank 0 does,
+    holding the lock, before it writes anything (no rank log, no metrics)."""
+    from runtime import trainer
+    from runtime.options import parse_run_args
+
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(runlock.OWNER_ENV, raising=False)
+    monkeypatch.setattr(walltime.ParentWatchdog, "start", lambda self: None)
+    out = tmp_path / "out"
+    before = _finished_run(out, 5)
+    for argv, field in ([["--steps", "5"], "--out"], [["--steps", "5", "--resume"], "--steps"]):
+        with pytest.raises(PlanError) as e:
+            trainer.run_rank(parse_run_args([str(plan), "--out", str(out), *argv]))
+        assert e.value.field == field, e.value
+        files = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+        assert files.pop(Path(runlock.LOCK_FILE)) == b""  # released
+        assert files == before
+
+
 @pytest.mark.slow
 def test_a_fasta_too_small_for_a_validation_split_trains_and_keeps_its_work(plan, tmp_path):
     """The old end: every step trained, then the final validation over 0 sequences raised (a

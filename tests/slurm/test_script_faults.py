@@ -93,3 +93,65 @@ def test_the_torchrun_script_meets_by_c10d_on_the_first_node_of_the_allocation(t
     nodefile.write_text("x1000c0s0b0n0\nx1000c0s0b0n1\n")
     assert _run(lines, tmp_path, "exit 1", PBS_NODEFILE=str(nodefile)) == "x1000c0s0b0n0"
     assert _run(lines, tmp_path, "exit 1", MASTER_ADDR="host0") == "host0"
+
+
+def _section(script: Path, start: str, end: str | None = None) -> str:
+    text = script.read_text()
+    body = text[text.index(start):]
+    return body[:body.index(end) + len(end)] if end else body
+
+
+@pytest.fixture(scope="module")
+def slurm_script(plan, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("requeue")
+    exaplan("launch", str(plan), "--scheduler", "slurm", "--stage-env", "off", "--out", str(tmp / "out"), "-o",
+            str(tmp / "job.sh"), "--set", "machine.launch.max_requeues=3")
+    return tmp / "job.sh"
+
+
+@pytest.mark.parametrize("signal, cancelled", [("USR1", 0), ("TERM", 1)])
+def test_the_walltime_signal_and_a_cancel_reach_the_ranks_and_only_a_cancel_is_remembered(
+        slurm_script, tmp_path, signal, cancelled):
+    """The script's traps, around a stand-in launcher that exits 85 on SIGTERM (as the ranks do
+    after their checkpoint): USR1 (Slurm's --signal) and TERM (scancel, qdel) both reach it;
+    only TERM marks the job cancelled, so that it is not requeued."""
+    traps = _section(slurm_script, "CANCELLED=0", "|| true' TERM")
+    loop = _section(slurm_script, 'while :; do wait "${LAUNCHER_PID}"', "|| break; done")
+    body = ("( sleep 30 >/dev/null 2>&1 & nap=$!; trap 'kill \"${nap}\"; exit 85' TERM; wait ) &\nLAUNCHER_PID=$!\n"
+            + traps + "\necho ready\n" + loop + '\necho "rc=${rc} cancelled=${CANCELLED}"\n')
+    p = subprocess.Popen(["bash", "-c", body], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "ready\n"  # the traps are set
+    os.kill(p.pid, getattr(__import__("signal"), f"SIG{signal}"))
+    out, _ = p.communicate(timeout=20)
+    assert out.strip() == f"rc=85 cancelled={cancelled}"
+
+
+@pytest.mark.parametrize("rc, cancelled, count, requeued, left", [
+    (85, 0, None, True, "1"),   # the walltime signal: requeue 1
+    (85, 0, "2", True, "3"),    # the chain goes on
+    (85, 0, "3", False, None),  # max_requeues (3) done: no requeue, and a resubmission starts afresh
+    (85, 1, "1", False, None),  # cancelled (scancel): checkpoint kept, not requeued
+    (0, 0, "2", False, None),   # finished
+    (1, 0, "2", False, None),   # failed
+])
+def test_requeue_only_after_the_walltime_signal_and_a_fresh_count_otherwise(
+        slurm_script, tmp_path, rc, cancelled, count, requeued, left):
+    after = _section(slurm_script, "# 6. Requeue")
+    (tmp_path / "bin").mkdir()
+    shim = tmp_path / "bin" / "scontrol"
+    shim.write_text(f'#!/bin/sh\necho "scontrol $*" >> {tmp_path}/calls\n')
+    shim.chmod(0o755)
+    (tmp_path / "out" / "logs").mkdir(parents=True)
+    counter = tmp_path / "out" / "logs" / "requeues"
+    if count is not None:
+        counter.write_text(count + "\n")
+    assert "requeue ${requeues} of 3" in after  # --set machine.launch.max_requeues=3
+    body = f'rc={rc}\nCANCELLED={cancelled}\nOUT={tmp_path}/out\nJOB_ID=4242\n' + after
+    p = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=20,
+                       env={**os.environ, "PATH": f"{tmp_path}/bin:{os.environ['PATH']}"})
+    assert p.returncode == rc
+    calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+    assert calls == ("scontrol requeue 4242\n" if requeued else ""), p.stdout + p.stderr
+    assert (counter.read_text().strip() if counter.exists() else None) == left
+    if cancelled and rc == 85:
+        assert "cancelled: the checkpoint is saved, the job is not requeued" in p.stderr
