@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main as cli_main
-from conftest import RUN_ARGS, exaplan, job_env, losses, run_script, write_testbox
+from launch_scripts import RUN_ARGS, exaplan, job_env, losses, run_script, write_testbox
 from test_scripts import SHELLCHECK, _joined, _launch_fails, _plan
 
 

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from cli.main import main  # noqa: E402
 from planner.schema.plan import load_plan  # noqa: E402
-from tests.launch.conftest import RUN_ARGS, TINY  # noqa: E402
+from launch_scripts import RUN_ARGS, TINY  # noqa: E402
 
 # exaplan check refuses to start inside a process group an earlier test left (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("no_process_group_left")

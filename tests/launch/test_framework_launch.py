@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import exaplan, job_env, run_script
+from launch_scripts import exaplan, job_env, run_script
 from launch.rank import torch_env
 
 ENTRY = """import json, os, sys

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RUN_ARGS, exaplan, job_env, losses, run_script
+from launch_scripts import RUN_ARGS, exaplan, job_env, losses, run_script
 from planner.schema.plan import load_plan, write_plan
 
 pytest.importorskip("torch")
