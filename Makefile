@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # CPU build of torch that lies on this kind of machine; never an unpinned torch.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test test-all test-slurm docs docs-serve bench bench-runtime bench-jax bench-gpu bench-gpu-jax bench-gpu-kernels bench-local plans clean
+.PHONY: venv demo test test-all test-slurm slurm-packages docs docs-serve bench bench-runtime bench-jax bench-gpu bench-gpu-jax bench-gpu-kernels bench-local plans clean
 
 venv: $(STAMP)
 
@@ -52,12 +52,15 @@ test: venv docs
 # (slurm-wlm slurmctld slurmd munge) first where it is missing, when run as root with apt-get.
 # About 8 minutes on 2 cores (the staging test packs and sbcasts the whole .venv).
 SLURM_PACKAGES := slurm-wlm slurmctld slurmd munge
-test-slurm: venv
+test-slurm: venv slurm-packages
+	EXAPLAN_SLURM=1 $(BIN)/python -m pytest -q tests/slurm
+
+# Debian's Slurm and munge, where one of their commands is missing (root and apt-get needed).
+slurm-packages:
 	@if ! command -v sbatch >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES); \
-		else echo "make test-slurm: needs Slurm ($(SLURM_PACKAGES)) and root" >&2; exit 1; fi; fi
-	EXAPLAN_SLURM=1 $(BIN)/python -m pytest -q tests/slurm
+		else echo "make slurm-packages: needs Slurm ($(SLURM_PACKAGES)) installed, or root and apt-get" >&2; exit 1; fi; fi
 
 # The documentation site (docs/, mkdocs.yml; MkDocs with the Material theme): `make docs` builds it
 # into site/ with --strict (a broken link, a missing page or a failing generator fails the build);

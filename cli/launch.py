@@ -15,7 +15,7 @@ EPILOG = """examples:
   exaplan plan --model protein-3.5b --machine frontier --nodes 64 -o plan.yaml
   exaplan launch plan.yaml --account BIF148 --walltime 02:00:00 -o job.sh && sbatch job.sh
   exaplan launch plan.yaml --scheduler pbs --account MyProject --queue prod -o job.sh && qsub job.sh
-  exaplan launch plan.yaml --scheduler torchrun -o job.sh      (then on every node: NODE_RANK=i bash job.sh)
+  exaplan launch plan.yaml --scheduler torchrun -o job.sh      (then on every node: MASTER_ADDR=host0 bash job.sh)
   exaplan launch --calibrate --machine lumi --nodes 2 --account project_465000000 -o calib.sh
   exaplan launch plan.yaml -o job.sh --run-args="--steps 5000 --ckpt-every 500"   (options of exaplan run)
   exaplan launch alps-plan.yaml --account a-g34 --container ~/.edf/pytorch.toml -o job.sh   (Alps: srun --environment)
