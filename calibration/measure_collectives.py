@@ -206,7 +206,10 @@ def collectives_under_launcher(launched: dict, sizes, quick: bool, bar: "Progres
     os.environ.setdefault("MASTER_PORT", "29500")
     started_here = not dist.is_initialized()
     if started_here:
+        from runtime.startup import destroy_group_at_exit
+
         dist.init_process_group(backend, rank=launched["rank"], world_size=launched["world_size"])
+        destroy_group_at_exit()
     task = bar.add("collectives", len(KINDS) * len(sizes))
 
     def report(text: str) -> None:

@@ -183,8 +183,9 @@ def init_distributed(plan: Plan, renv: RankEnv):
         local = renv.local_world_size or plan.ranks_per_node
         torch.set_num_threads(max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // local))
     if not dist.is_initialized():
-        from runtime.startup import warn_somaxconn
+        from runtime.startup import destroy_group_at_exit, warn_somaxconn
 
         warn_somaxconn(renv.rank, renv.world_size)  # every rank connects to the store at once
         dist.init_process_group(backend=backend, rank=renv.rank, world_size=renv.world_size)
+        destroy_group_at_exit()
     return device

@@ -95,3 +95,30 @@ def _ignore_signals() -> None:
 
     for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+
+
+def destroy_group_at_exit() -> None:
+    """Registers, once, an atexit handler that tears the default process group down while the
+    interpreter is still whole, where a path out of the rank (an exception, an early return)
+    skipped destroy_process_group: gloo's worker threads otherwise meet interpreter finalisation
+    and the rank aborts at exit ("terminate called without an active exception", pytorch#190489)."""
+    import atexit
+
+    global _EXIT_HANDLER
+    if _EXIT_HANDLER:
+        return
+
+    def _destroy() -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - at exit, nothing is left to report it to
+                pass
+
+    atexit.register(_destroy)
+    _EXIT_HANDLER = True
+
+
+_EXIT_HANDLER = False

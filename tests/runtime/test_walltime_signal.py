@@ -160,3 +160,17 @@ def test_rank_log_tees_stdout_and_stderr(tmp_path):
             break
         time.sleep(0.1)
     assert all(s in text for s in ("to stdout", "to stderr", "from C")), text
+
+
+def test_a_rank_that_skips_destroy_process_group_has_its_group_torn_down_at_exit(tmp_path):
+    """runtime.startup.destroy_group_at_exit: the group is gone before the interpreter finalises
+    (atexit runs handlers last-in first-out: the probe registered first sees the state after)."""
+    code = ("import atexit, torch.distributed as dist\n"
+            "from runtime.startup import destroy_group_at_exit\n"
+            "atexit.register(lambda: print('at exit, initialized:', dist.is_initialized(), flush=True))\n"
+            f"dist.init_process_group('gloo', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
+            "destroy_group_at_exit(); destroy_group_at_exit()\n"
+            "print('initialized:', dist.is_initialized(), flush=True)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["initialized: True", "at exit, initialized: False"], p.stdout
