@@ -88,6 +88,8 @@ test-all: venv
 RECORD = $(BIN)/python -m benchmarks.record
 bench: venv
 	$(RECORD) search --out docs/results/bench-search.json -- $(BIN)/python -m planner.bench --json
+	$(RECORD) commands --out docs/results/bench-commands.json -- $(BIN)/python -m planner.bench --commands --json \
+		--repeats 5
 	$(RECORD) whatif --out docs/results/bench-whatif.json -- $(BIN)/python -m planner.bench --whatif --json \
 		--report-dir runs/bench-whatif
 	-$(RECORD) check --out docs/results/bench-check.json -- $(BIN)/exaplan check plans/protein-3.5b_aurora_3200n.yaml \

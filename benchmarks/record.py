@@ -93,6 +93,16 @@ def whatif_tables(figures: dict) -> tuple[list[dict], list[str]]:
              "columns": ["what", "points", "seconds", "target, s"], "rows": rows}], []
 
 
+def commands_tables(figures: list[dict]) -> tuple[list[dict], list[str]]:
+    """planner.bench --commands --json: whole commands, each in fresh processes."""
+    rows = [[r["what"], f"`{r['command']}`", f"{r['wall_s']:.2f} (median of {r['runs']})", f"{r['target_s']:g}",
+             f"{r['peak_mb']:.0f}", f"{r['target_mb']:g}" if r.get("target_mb") else "—"] for r in figures]
+    return [{"caption": "Whole commands, as a user waits on them",
+             "columns": ["what", "command", "wall, s", "target, s", "peak memory, MB", "target, MB"], "rows": rows}], \
+        ["Each command in a fresh process (interpreter start-up and imports included); peak memory is the "
+         "process's resident high-water mark (wait4)."]
+
+
 def _failures(figures: dict) -> list[str]:
     return [f"Failed ({f.get('layout') or f.get('plan') or 'setup'}): {str(f['error']).splitlines()[0][:300]}"
             for f in figures.get("failures", [])]
@@ -142,7 +152,7 @@ def gpu_tables(figures: dict) -> tuple[list[dict], list[str]]:
              "markdown": gpu_check.table(figures)}], _failures(figures)
 
 
-TABLES = {"search": search_tables, "whatif": whatif_tables, "check": check_tables, "runtime": runtime_tables,
+TABLES = {"search": search_tables, "whatif": whatif_tables, "commands": commands_tables, "check": check_tables, "runtime": runtime_tables,
           "jax": jax_tables,
           "gpu": gpu_tables, "gpu-jax": gpu_tables}
 

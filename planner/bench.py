@@ -143,6 +143,58 @@ def render_whatif(r: dict) -> str:
     return line
 
 
+# `--commands`: whole commands in fresh processes, as a user waits on them (issue 53's targets on
+# this 2-core machine): (what, arguments after `exaplan`, wall target s, peak memory target MB).
+COMMANDS = [
+    ("exaplan --help", ["--help"], 0.3, None),
+    ("exaplan list", ["list"], 0.3, None),
+    ("exaplan plan protein-3.5b on 3,200 Aurora nodes (robustness draws included)",
+     ["plan", "--model", "protein-3.5b", "--machine", "aurora", "--nodes", "3200", "-o", "{tmp}/plan.yaml", "--force"],
+     1.0, 250),
+]
+
+
+def _exaplan() -> list[str]:
+    exe = Path(sys.executable).with_name("exaplan")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
+
+
+def time_command(argv: list[str], repeats: int) -> dict:
+    """Median wall seconds over `repeats` fresh processes, and the largest peak resident memory
+    (MB, from wait4's rusage: the process's own high-water mark)."""
+    import os
+    import statistics
+
+    walls, peaks = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        walls.append(time.perf_counter() - start)
+        peaks.append(usage.ru_maxrss / 1024)  # KiB on Linux
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)}: exit code {proc.returncode}")
+    return dict(wall_s=statistics.median(walls), runs=repeats, peak_mb=max(peaks))
+
+
+def run_commands(repeats: int = 5) -> list[dict]:
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for what, args, wall_target, mem_target in COMMANDS:
+            argv = [*_exaplan(), *[a.format(tmp=tmp) for a in args]]
+            rows.append(dict(what=what, command="exaplan " + " ".join(args).replace("{tmp}", "TMP"),
+                             **time_command(argv, repeats), target_s=wall_target, target_mb=mem_target))
+    return rows
+
+
+def render_commands(rows: list[dict]) -> str:
+    return "\n".join(f"{r['what']}: {r['wall_s']:.2f} s (target {r['target_s']:g} s), peak {r['peak_mb']:.0f} MB"
+                     + (f" (target {r['target_mb']} MB)" if r["target_mb"] else "") for r in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON")
@@ -150,11 +202,17 @@ def main(argv: list[str] | None = None) -> int:
                     "exaplan whatif command")
     ap.add_argument("--report-dir", default="runs/bench-whatif", metavar="DIR",
                     help="where --whatif's command writes its report (default runs/bench-whatif)")
+    ap.add_argument("--commands", action="store_true", help="time whole commands (COMMANDS: --help, list, the "
+                    "Aurora plan) in fresh processes instead: median wall of --repeats runs, peak memory")
     ap.add_argument("--no-command", action="store_true", help="--whatif: time the sweep in this process only")
     ap.add_argument("--repeats", type=int, default=3, help="warm searches per case (default 3)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
+    if args.commands:
+        rows = run_commands(max(args.repeats, 1))
+        print(json.dumps(rows, indent=2) if args.json else render_commands(rows))
+        return 0
     if args.whatif:
         whatif = run_whatif_case(None if args.no_command else Path(args.report_dir))
         print(json.dumps(whatif, indent=2) if args.json else render_whatif(whatif))

@@ -15,6 +15,10 @@ BENCHMARKS = {
     "search": ("Search speed", "make bench",
                "The planner's search on the seed paper's two largest jobs (`python -m planner.bench`): a cold first "
                "search and the best of three warm ones, the layouts enumerated and scored, the layout chosen."),
+    "commands": ("Whole commands", "make bench",
+                 "`exaplan --help`, `exaplan list` and the 3,200-node Aurora plan (robustness draws included), each in "
+                 "fresh processes (`python -m planner.bench --commands`): the median wall time and the peak memory, "
+                 "beside the planner's interactive-speed targets."),
     "whatif": ("What-if speed", "make bench",
                "The what-if sweep of protein-3.5b over the five seed machines and 16-2,048 nodes "
                "(`python -m planner.bench --whatif`): in process, then the whole `exaplan whatif ... --report` command."),

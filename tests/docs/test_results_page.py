@@ -83,3 +83,23 @@ def test_runtime_results_become_the_benchmark_table():
     assert "runs" not in rec["figures"]["layouts"]["ddp"]
     page = results_page.render_record(rec)
     assert "| ddp | 100.0 / 100.0 | 1.000 |" in page and "Failed (fsdp): boom" in page and "exit code 1" in page
+
+
+def test_the_commands_benchmark_times_fresh_processes_and_renders_against_its_targets(monkeypatch):
+    """planner.bench --commands: each command in fresh processes (a child that sleeps 0.2 s and
+    holds 64 MB shows as such), then a row of the "Whole commands" table beside its targets."""
+    from planner import bench
+
+    hold = [sys.executable, "-c", "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); "
+                                  "time.sleep(0.2)"]
+    got = bench.time_command(hold, repeats=2)
+    assert got["runs"] == 2 and 0.2 <= got["wall_s"] < 5 and 64 <= got["peak_mb"] < 400, got
+    with pytest.raises(SystemExit, match="exit code 3"):
+        bench.time_command([sys.executable, "-c", "raise SystemExit(3)"], repeats=1)
+    monkeypatch.setattr(bench, "COMMANDS", [("exaplan --help", ["--help"], 0.3, None),
+                                            ("a plan", ["plan", "--model", "protein-tiny", "--machine", "local", "--nodes", "1", "-o", "{tmp}/x.yaml"], 1.0, 250)])
+    rows = bench.run_commands(repeats=1)
+    assert [r["command"] for r in rows] == ["exaplan --help", "exaplan plan --model protein-tiny --machine local --nodes 1 -o TMP/x.yaml"]
+    rec = record.make_record("commands", ["x"], rows, wall_s=1.0, exit_code=0)
+    page = results_page.render_record(rec)
+    assert "| exaplan --help | `exaplan --help` |" in page and "| 0.3 |" in page and "| 250 |" in page, page
