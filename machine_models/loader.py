@@ -282,6 +282,22 @@ def _check_top_level_keys(data: dict[str, Any], path: Path) -> None:
 
 
 def _device_kinds() -> dict[str, dict[str, Any]]:
+    """The device kinds file, read once per version of it (a machine load asks twice), a copy each time."""
+    import copy
+
+    try:
+        key = (str(DEVICE_KINDS_FILE), DEVICE_KINDS_FILE.stat().st_mtime_ns)
+    except OSError:
+        key = None
+    if key is None or _KINDS_CACHE.get("key") != key:
+        _KINDS_CACHE.update(key=key, kinds=_read_device_kinds())
+    return copy.deepcopy(_KINDS_CACHE["kinds"])
+
+
+_KINDS_CACHE: dict[str, Any] = {}
+
+
+def _read_device_kinds() -> dict[str, dict[str, Any]]:
     kinds = _read_yaml_mapping(DEVICE_KINDS_FILE, what="device kinds file")
     for kind, figures in kinds.items():
         if not isinstance(figures, dict):

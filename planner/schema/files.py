@@ -114,6 +114,13 @@ def _check_events(text: str, field: str, max_depth: int, loader) -> None:
 def load_yaml(text: str, field: str, max_depth: int = MAX_NESTING) -> Any:
     """yaml.safe_load of `text` (JSON is YAML) with its nesting bounded; errors name `field`."""
     check_nesting(text, field, max_depth)
+    if _FAST_EVENTS is not yaml.SafeLoader:  # libyaml's parser, PyYAML's safe constructor: the same values
+        try:
+            return yaml.load(text, Loader=yaml.CSafeLoader)
+        except yaml.YAMLError:
+            pass  # worded as PyYAML words it, below
+        except RecursionError:
+            raise PlanError(f"nested too deeply (over {max_depth} levels)", field=field) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -4,7 +4,19 @@ and energy; the fewest nodes and the cheapest point for a deadline, the fastest 
 knee of each scaling curve, and a warning when the global batch passes a critical-batch
 estimate. Pure Python + numpy (no plotting: report/ draws the plots and the HTML report)."""
 
-from planner.whatif.engine import run_whatif
-from planner.whatif.types import WhatifPoint, WhatifResult
 
 __all__ = ["WhatifPoint", "WhatifResult", "run_whatif"]
+
+
+def __getattr__(name: str):
+    """The engine (the search, numpy, networkx) imported on first use, not by `exaplan --help`,
+    which only needs planner.whatif.parse's limits."""
+    if name == "run_whatif":
+        from planner.whatif.engine import run_whatif
+
+        return run_whatif
+    if name in ("WhatifPoint", "WhatifResult"):
+        from planner.whatif import types
+
+        return getattr(types, name)
+    raise AttributeError(f"module 'planner.whatif' has no attribute {name!r}")
