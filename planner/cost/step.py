@@ -419,11 +419,15 @@ def _evaluation(model: ModelSpec, machine: MachineModel, job: TrainingJob, space
 
 
 def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, space: Space, fast: bool = True,
-                   detail: bool = True, ddp_buckets_mb: tuple[float, ...] | None = None):
+                   detail: bool = True, ddp_buckets_mb: tuple[float, ...] | None = None, memory: bool = True):
     """Predict every row of a layout space (see the module docstring for `fast`). With
-    detail=False only the Scores the search needs are computed (much less work per row).
-    The machine is taken as the job's framework uses it (figures.framework_machine); the
-    DDP bucket sizes default to the framework's."""
+    detail=False only the Scores the search needs are computed (much less work per row);
+    memory=False as well leaves their memory and fit out (NaN, False: no drawn time figure
+    moves them, so the robustness draws skip them). The machine is taken as the job's
+    framework uses it (figures.framework_machine); the DDP bucket sizes default to the
+    framework's."""
+    if not memory and detail:
+        raise ValueError("memory=False is for detail=False scores only")
     machine = framework_machine(machine, job.framework)
     if not ddp_buckets_mb and job.framework.ddp_bucket_per_block:
         ddp_buckets_mb = (flops.layer_params(model) * 4 / 2**20,)  # one block's fp32 gradients (MiB, as torch's bucket_cap_mb)
@@ -439,8 +443,11 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
     R = _Rows.gather(space, U, M, machine.overlap.dp, np.float64 if detail else np.float32,
                      zero_collectives(job).allreduce_hidden_in_pipeline)
     best = _best_choices(R, U, M, space.units.sp, algos, fast, detail)
-    params, grads, acts, reserve, total, fits = _row_memory(machine, job, space, U, M, R)
     layouts_scored = len(space) * len(algos[0]) * len(algos[1])
+    if not memory:
+        n = len(best["step"])
+        return Scores(best["step"], np.full(n, np.nan), np.zeros(n, dtype=bool), layouts_scored)
+    params, grads, acts, reserve, total, fits = _row_memory(machine, job, space, U, M, R)
     if not detail:
         return Scores(best["step"], total, fits, layouts_scored)
     mi = R.mi

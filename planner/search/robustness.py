@@ -50,13 +50,15 @@ def ranking_robustness(model: ModelSpec, machine: MachineModel, job: TrainingJob
                                                                                 "step_overhead_s": None,
                                                                                 "cpu_figures": {}})})
     space = Space.of(finalists)
-    offset = np.asarray(step_time_s, float) - evaluate_space(model, machine, job, space, detail=False).step_time_s
+    offset = np.asarray(step_time_s, float) - evaluate_space(model, machine, job, space, detail=False,
+                                                                      memory=False).step_time_s
     base = figures_of(machine, DRAWN_FIGURES)
     sigma = max(half_width, 0.0) / P80_OF_ABS_NORMAL
     wins = np.zeros(len(finalists), dtype=int)
     for _ in range(draws):
         drawn = {name: min(max(value * float(np.exp(sigma * rng.standard_normal())), BOUNDS[name][0]), BOUNDS[name][1])
                  for name, value in base.items()}
-        step = evaluate_space(model, with_figures(machine, drawn), job, space, detail=False).step_time_s + offset
+        step = evaluate_space(model, with_figures(machine, drawn), job, space, detail=False,
+                              memory=False).step_time_s + offset
         wins[int(np.argmin(step))] += 1
     return Robustness(draws, float(wins[0] / draws), {int(i): int(n) for i, n in enumerate(wins) if n})

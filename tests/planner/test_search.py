@@ -368,3 +368,18 @@ def test_scores_without_detail_take_the_best_job_wide_algorithms():
     scores = evaluate_space(model, mach, job, space, fast=False, detail=False).step_time_s
     detailed = evaluate_space(model, mach, job, space, fast=False, detail=True).step_time_s
     np.testing.assert_allclose(scores, detailed, rtol=1e-5)
+
+
+def test_scores_without_memory_rank_as_the_full_scores():
+    """evaluate_space(memory=False), which the robustness draws use: the same step times, row for
+    row, as the scores the search ranks by; memory and fit left out; refused with detail."""
+    model, machine = get_model("protein-3.5b"), load_machine("frontier")
+    world = 8 * machine.devices_per_node
+    job = make_job(model, machine, world, 512, None, None, None)
+    space = enumerate_space(model, job, world)
+    full = evaluate_space(model, machine, job, space, detail=False)
+    quick = evaluate_space(model, machine, job, space, detail=False, memory=False)
+    assert len(space) > 100 and np.array_equal(full.step_time_s, quick.step_time_s)
+    assert np.isnan(quick.memory_bytes).all() and not quick.fits.any() and full.fits.any()
+    with pytest.raises(ValueError, match="detail=False"):
+        evaluate_space(model, machine, job, space, memory=False)
