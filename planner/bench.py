@@ -161,7 +161,8 @@ def _exaplan() -> list[str]:
 
 def time_command(argv: list[str], repeats: int) -> dict:
     """Median wall seconds over `repeats` fresh processes, and the largest peak resident memory
-    (MB, from wait4's rusage: the process's own high-water mark)."""
+    (MB, from wait4's rusage: the process's high-water mark, which on Linux includes the pages it
+    shared with this process when forked: run from a small process, as `make bench` does)."""
     import os
     import statistics
 

@@ -93,7 +93,9 @@ def test_the_commands_benchmark_times_fresh_processes_and_renders_against_its_ta
     hold = [sys.executable, "-c", "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); "
                                   "time.sleep(0.2)"]
     got = bench.time_command(hold, repeats=2)
-    assert got["runs"] == 2 and 0.2 <= got["wall_s"] < 5 and 64 <= got["peak_mb"] < 400, got
+    # (no upper bound on the peak: Linux counts in a child's ru_maxrss the pages it shared with
+    # its parent at fork, and a pytest worker is large; the benchmark runs from a small process)
+    assert got["runs"] == 2 and 0.2 <= got["wall_s"] < 5 and got["peak_mb"] >= 64, got
     with pytest.raises(SystemExit, match="exit code 3"):
         bench.time_command([sys.executable, "-c", "raise SystemExit(3)"], repeats=1)
     monkeypatch.setattr(bench, "COMMANDS", [("exaplan --help", ["--help"], 0.3, None),
