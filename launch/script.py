@@ -264,7 +264,11 @@ def _ranks(job: Job) -> list[str]:
                   f"( trap 'kill \"${{nap}}\" 2>/dev/null; exit 0' TERM; sleep {delay} & nap=$!; wait \"${{nap}}\" && "
                   'echo "exaplan: walltime near: asking the ranks to checkpoint" && kill -s TERM "${LAUNCHER_PID}" ) &',
                   "WATCHDOG_PID=$!"]
-    lines += ['while :; do wait "${LAUNCHER_PID}"; rc=$?; kill -0 "${LAUNCHER_PID}" 2>/dev/null || break; done']
+    # wait returns >128 when a trap interrupts it; a launcher that ended meanwhile is waited for
+    # once more, for its own exit code (85 after a checkpoint), which bash keeps until then
+    lines += ['while :; do wait "${LAUNCHER_PID}"; rc=$?; kill -0 "${LAUNCHER_PID}" 2>/dev/null || break; done',
+              'if [ "${rc}" -gt 128 ]; then wait "${LAUNCHER_PID}" 2>/dev/null; last=$?; '
+              'if [ "${last}" -ne 127 ]; then rc=${last}; fi; fi']
     if schedulers.watchdog(job):
         lines.append('kill "${WATCHDOG_PID}" 2>/dev/null || true')
     return lines + ["set -e", 'echo "exaplan: ranks finished with exit code ${rc}"',

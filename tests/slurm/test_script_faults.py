@@ -116,7 +116,7 @@ def test_the_walltime_signal_and_a_cancel_reach_the_ranks_and_only_a_cancel_is_r
     after their checkpoint): USR1 (Slurm's --signal) and TERM (scancel, qdel) both reach it;
     only TERM marks the job cancelled, so that it is not requeued."""
     traps = _section(slurm_script, "CANCELLED=0", "|| true' TERM")
-    loop = _section(slurm_script, 'while :; do wait "${LAUNCHER_PID}"', "|| break; done")
+    loop = _section(slurm_script, 'while :; do wait "${LAUNCHER_PID}"', "rc=${last}; fi; fi")
     body = ("( sleep 30 >/dev/null 2>&1 & nap=$!; trap 'kill \"${nap}\"; exit 85' TERM; wait ) &\nLAUNCHER_PID=$!\n"
             + traps + "\necho ready\n" + loop + '\necho "rc=${rc} cancelled=${CANCELLED}"\n')
     p = subprocess.Popen(["bash", "-c", body], stdout=subprocess.PIPE, text=True)
