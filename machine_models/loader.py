@@ -10,6 +10,7 @@ from `local.yaml` once a calibration has written it, detected otherwise.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import platform
 import re
@@ -286,15 +287,15 @@ def _device_kinds() -> dict[str, dict[str, Any]]:
     import copy
 
     try:
-        key = (str(DEVICE_KINDS_FILE), DEVICE_KINDS_FILE.stat().st_mtime_ns)
-    except OSError:
-        key = None
-    if key is None or _KINDS_CACHE.get("key") != key:
-        _KINDS_CACHE.update(key=key, kinds=_read_device_kinds())
-    return copy.deepcopy(_KINDS_CACHE["kinds"])
+        mtime_ns = DEVICE_KINDS_FILE.stat().st_mtime_ns
+    except OSError:  # missing: read, to be refused by name
+        return _read_device_kinds()
+    return copy.deepcopy(_read_device_kinds_of(str(DEVICE_KINDS_FILE), mtime_ns))
 
 
-_KINDS_CACHE: dict[str, Any] = {}
+@functools.lru_cache(maxsize=4)
+def _read_device_kinds_of(path: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
+    return _read_device_kinds()
 
 
 def _read_device_kinds() -> dict[str, dict[str, Any]]:

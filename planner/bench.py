@@ -107,9 +107,7 @@ WHATIF_TARGET_S = 10.0  # the whole command, report included, on a 2-core machin
 def whatif_command(report: Path) -> list[str]:
     """`exaplan whatif` on WHATIF writing an HTML report: the console script beside this
     interpreter where there is one, else `python -m cli`."""
-    exe = Path(sys.executable).with_name("exaplan")
-    head = [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
-    return [*head, "whatif", "--model", WHATIF["model"], "--machine", WHATIF["machine"], "--nodes", WHATIF["nodes"],
+    return [*_exaplan(), "whatif", "--model", WHATIF["model"], "--machine", WHATIF["machine"], "--nodes", WHATIF["nodes"],
             "--tokens", f"{WHATIF['tokens']:g}".replace("e+", "e"), "--report", str(report)]
 
 
@@ -155,6 +153,7 @@ COMMANDS = [
 
 
 def _exaplan() -> list[str]:
+    """The console script beside this interpreter where there is one, else `python -m cli`."""
     exe = Path(sys.executable).with_name("exaplan")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
 

@@ -13,6 +13,8 @@ documents' lessons at scale:
 
 from __future__ import annotations
 
+import functools
+
 import os
 import shutil
 import subprocess
@@ -97,6 +99,7 @@ def _ignore_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+@functools.cache
 def destroy_group_at_exit() -> None:
     """Registers, once, an atexit handler that tears the default process group down while the
     interpreter is still whole, where a path out of the rank (an exception, an early return)
@@ -104,21 +107,14 @@ def destroy_group_at_exit() -> None:
     and the rank aborts at exit ("terminate called without an active exception", pytorch#190489)."""
     import atexit
 
-    global _EXIT_HANDLER
-    if _EXIT_HANDLER:
-        return
-
-    def _destroy() -> None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - at exit, nothing is left to report it to
-                pass
-
-    atexit.register(_destroy)
-    _EXIT_HANDLER = True
+    atexit.register(_destroy_group)
 
 
-_EXIT_HANDLER = False
+def _destroy_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - at exit, nothing is left to report it to
+            pass

@@ -61,12 +61,9 @@ def run_rank(args, stop=None) -> int:
     lock = None
     if renv is not None and renv.rank == 0 and not os.environ.get(OWNER_ENV):
         lock = RunLock(args.out).acquire()  # under srun / mpiexec: rank 0 owns --out
-        try:
-            check_out_of_a_new_segment(args)  # before this rank writes anything
-        except BaseException:
-            lock.release()
-            raise
     try:
+        if lock is not None:
+            check_out_of_a_new_segment(args)  # before this rank writes anything
         if renv is not None:
             tee_rank_log(Path(args.out), renv.rank)
         return train(args, stop)
