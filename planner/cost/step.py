@@ -264,7 +264,7 @@ class _Rows:
     F_reps: np.ndarray  # how often F, K and S are paid: every micro-batch or once a step
     K_reps: np.ndarray
     S_reps: np.ndarray | None  # None: every S term once a step
-    overlap: float  # machine.overlap.dp
+    overlap: float | np.ndarray  # machine.overlap.dp (per row in the robustness draws)
     s_bwd: np.ndarray  # per row: the compute S may run under (bwd_mb; 0 where the framework reduces after a pipeline's flush)
 
     @classmethod
@@ -283,7 +283,9 @@ class _Rows:
             F_reps=np.where(M.F_per_mb[mi], m, dtype(1.0)),
             K_reps=np.where(M.K_per_mb[mi], m, dtype(1.0)),
             S_reps=np.where(M.S_per_mb[mi], m, dtype(1.0)) if M.S_per_mb.any() else None,
-            overlap=overlap, s_bwd=s_bwd,
+            # (an array where the robustness draws give each row its own figure: in the rows' dtype,
+            # as a scalar would be taken)
+            overlap=overlap if np.ndim(overlap) == 0 else np.asarray(overlap, dtype), s_bwd=s_bwd,
         )
 
     def dp_exposed(self, M: MeshCosts, r: int) -> np.ndarray:
