@@ -159,6 +159,11 @@ class Space:
         idx = np.arange(len(lay))
         return Space(lay, lay, idx, idx, lay.gas, lay.schedule)
 
+    def rows(self, start: int, stop: int) -> "Space":
+        """Rows start..stop (a slice), on the same units and meshes."""
+        return Space(self.units, self.meshes, self.unit[start:stop], self.mesh[start:stop], self.gas[start:stop],
+                     self.schedule[start:stop])
+
     def subset(self, rows) -> "Space":
         """The given rows (indices or a mask), with only the units and meshes they use."""
         rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows)

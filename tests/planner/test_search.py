@@ -383,3 +383,21 @@ def test_scores_without_memory_rank_as_the_full_scores():
     assert np.isnan(quick.memory_bytes).all() and not quick.fits.any() and full.fits.any()
     with pytest.raises(ValueError, match="detail=False"):
         evaluate_space(model, machine, job, space, memory=False)
+
+
+def test_scores_in_chunks_match_scores_at_once(monkeypatch):
+    """The search scores rows ROW_CHUNK at a time; chunk boundaries change no row's score."""
+    import planner.cost.step as step
+
+    model, machine = get_model("protein-3.5b"), load_machine("frontier")
+    world = 8 * machine.devices_per_node
+    job = make_job(model, machine, world, 512, None, None, None)
+    space = enumerate_space(model, job, world)
+    monkeypatch.setattr(step, "ROW_CHUNK", len(space) + 1)
+    whole = evaluate_space(model, machine, job, space, detail=False)
+    monkeypatch.setattr(step, "ROW_CHUNK", 97)  # many chunks, the last one short
+    assert len(space) > 10 * 97 and len(space) % 97
+    chunked = evaluate_space(model, machine, job, space, detail=False)
+    assert np.array_equal(whole.step_time_s, chunked.step_time_s)
+    assert np.array_equal(whole.memory_bytes, chunked.memory_bytes) and np.array_equal(whole.fits, chunked.fits)
+    assert whole.fits.any() and not whole.fits.all()
