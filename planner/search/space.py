@@ -32,38 +32,40 @@ def enumerate_space(model: ModelSpec, job: TrainingJob, world: int, pins: Pins |
 
 
 def _enumerate(model: ModelSpec, job: TrainingJob, world: int) -> Space:
-    """Every legal layout, in factored form (see the module docstring)."""
-    units: list[tuple[int, ...]] = []  # pp, dp_replicate (= dp), cp, tp, mbs, vpp, recompute, sp, gas
+    """Every legal layout, in factored form (see the module docstring). Rows come in blocks:
+    a block is n consecutive units under one gas and schedule, each unit crossed with its
+    skeleton's meshes (unit-major); the blocks are expanded into rows at once at the end."""
+    # Units come in groups of one (pp, dp, cp, tp, mbs, vpp, gas) with every recompute level
+    # and sequence-parallel choice (levels x sps units, recompute-major), expanded at the end.
+    groups: list[tuple[int, ...]] = []  # pp, dp_replicate (= dp), cp, tp, mbs, vpp, gas, sps
+    n_total = 0  # units so far
     meshes: list[tuple[int, ...]] = []  # pp, dp_replicate, dp_shard, cp, tp, sharding
-    rows: list[np.ndarray] = []  # unit, mesh, gas, schedule
+    blocks: list[tuple[int, int, int, int, int, int]] = []  # first unit, units, gas, schedule, first mesh, meshes
     levels = [RECOMPUTES.index(r) for r in job.framework.recompute_levels]  # the levels the framework offers
     for tp in tp_options(model, world):
         for cp in cp_options(job, world // tp):
             # Sequence parallelism splits each rank's seq / cp tokens over tp.
             sps = (0, 1) if tp > 1 and (job.seq_len // cp) % tp == 0 else (0,)
+            n_units = len(levels) * len(sps)
             for pp in divisors(world // (tp * cp)):
                 dp = world // (tp * cp * pp)
                 if pp > model.layers or job.global_batch % dp:
                     continue
                 first_mesh = len(meshes)
                 meshes += [(pp, rep, shard, cp, tp, code) for code, rep, shard in sharding_options(dp, cp)]
-                mesh_ids = np.arange(first_mesh, len(meshes))
-                runs = []  # (unit, gas, schedule) for this skeleton
+                n_meshes = len(meshes) - first_mesh
                 for mbs in divisors(job.global_batch // dp):
                     gas = job.global_batch // (dp * mbs)
                     by_v: dict[int, int] = {}
                     for schedule, v in pipeline_options(model.layers, pp, gas):
                         if v not in by_v:
-                            by_v[v] = len(units)
-                            units += [(pp, dp, cp, tp, mbs, v, rc, sp, gas) for rc in levels for sp in sps]
-                        n_units = len(levels) * len(sps)
-                        runs += [(by_v[v] + j, gas, schedule) for j in range(n_units)]
-                if runs:
-                    r = np.asarray(runs, dtype=np.int64)
-                    rows.append(np.column_stack([np.repeat(r, len(mesh_ids), axis=0), np.tile(mesh_ids, len(r))]))
-    u = np.asarray(units, dtype=np.int64).reshape(-1, 9)
+                            by_v[v] = n_total
+                            n_total += n_units
+                            groups.append((pp, dp, cp, tp, mbs, v, gas, len(sps)))
+                        blocks.append((by_v[v], n_units, gas, schedule, first_mesh, n_meshes))
+    u = _units(np.asarray(groups, dtype=np.int64).reshape(-1, 8), np.asarray(levels, dtype=np.int64))
     m = np.asarray(meshes, dtype=np.int64).reshape(-1, 6)
-    r = np.vstack(rows) if rows else np.zeros((0, 4), dtype=np.int64)
+    unit, mesh, gas, schedule = _expand(np.asarray(blocks, dtype=np.int64).reshape(-1, 6))
     ones_u, ones_m = np.ones(len(u), np.int64), np.ones(len(m), np.int64)
     unit_lay = Layouts(
         pp=u[:, 0], dp_replicate=u[:, 1], dp_shard=ones_u, cp=u[:, 2], tp=u[:, 3], mbs=u[:, 4], gas=u[:, 8],
@@ -73,7 +75,32 @@ def _enumerate(model: ModelSpec, job: TrainingJob, world: int) -> Space:
         pp=m[:, 0], dp_replicate=m[:, 1], dp_shard=m[:, 2], cp=m[:, 3], tp=m[:, 4], mbs=ones_m, gas=ones_m,
         vpp=ones_m, schedule=ones_m * 0, sharding=m[:, 5], recompute=ones_m * 0, sp=ones_m * 0,
     )
-    return Space(unit_lay, mesh_lay, unit=r[:, 0], mesh=r[:, 3], gas=r[:, 1], schedule=r[:, 2])
+    return Space(unit_lay, mesh_lay, unit=unit, mesh=mesh, gas=gas, schedule=schedule)
+
+
+def _units(groups: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """The units (pp, dp, cp, tp, mbs, vpp, recompute, sp, gas) of the groups (pp, dp, cp, tp,
+    mbs, vpp, gas, number of sp choices): each group's levels x sps, recompute-major."""
+    n_sps = groups[:, 7]
+    per = len(levels) * n_sps
+    g = np.repeat(np.arange(len(groups)), per)
+    j = np.arange(len(g)) - np.repeat(np.cumsum(per) - per, per)
+    sps = n_sps[g]
+    return np.column_stack([groups[g, :6], levels[j // sps], j % sps, groups[g, 6]])
+
+
+def _expand(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(unit, mesh, gas, schedule) of every row of the blocks (first unit, units, gas,
+    schedule, first mesh, meshes): each block's units in turn, each crossed with its meshes."""
+    first_unit, n_units, gas, schedule, first_mesh, n_meshes = blocks.T
+    runs = np.repeat(np.arange(len(blocks)), n_units)  # one run per (block, unit)
+    run_unit = first_unit[runs] + (np.arange(len(runs)) - np.repeat(np.cumsum(n_units) - n_units, n_units))
+    per_run = n_meshes[runs]
+    rows = np.repeat(np.arange(len(runs)), per_run)
+    starts = np.cumsum(per_run) - per_run
+    mesh = first_mesh[runs][rows] + (np.arange(len(rows)) - np.repeat(starts, per_run))
+    block = runs[rows]
+    return run_unit[rows], mesh, gas[block], schedule[block]
 
 
 def layout_problems(model: ModelSpec, job: TrainingJob, world: int, lay: Layouts) -> list[str]:
