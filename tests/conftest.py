@@ -5,7 +5,16 @@ exec (os.fork() then warns that it "will likely lead to a deadlock"); the what-i
 tests fork worker processes (planner/whatif/engine.py). Running tests/jaxrt/ after every
 other package keeps JAX out of the pytest process until nothing forks any more."""
 
+import os
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config):
+    """What exaplan caches on disk (planner/cost/topology.py cache_dir) goes to a folder of the
+    test run's own, for the tests and the commands they start, never the user's."""
+    os.environ["EXAPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="exaplan-test-cache-")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -10,18 +10,30 @@ with their path latency and bottleneck bandwidth, plus each node's injection ban
 the fabric as a maximum flow over its NICs. Communicator placement then picks the tier; the
 global taper limits only the share of a collective's traffic that crosses groups
 (planner.cost.comm: beta = min(beta_intra, B_inj / sharing x min(1, taper / phi))).
+
+The tiers of a network are kept on disk (link_tiers: EXAPLAN_CACHE_DIR, else
+$XDG_CACHE_HOME/exaplan or ~/.cache/exaplan; "off" keeps none), keyed by the network's
+fields and this module's source: importing networkx costs more than a whole search, and a
+network's tiers never change.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from types import SimpleNamespace
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from planner.schema.specs import MachineModel, TopologyKind
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 GB = 1e9
 
@@ -48,6 +60,8 @@ def build_graph(machine: MachineModel, nodes: int, sample_group_size: int | None
     `sample_devices` builds only that many of each node's identical devices and NICs stand
     for all of them aggregated into one edge (their summed bandwidth), so that a machine of a
     million devices per node costs no more than one of two."""
+    import networkx as nx
+
     g = nx.Graph()
     intra_bw = machine.intra_node_bandwidth_gbyte_s * GB
     nic_bw = machine.nic_gbit_s / 8.0 * GB
@@ -85,6 +99,8 @@ def build_graph(machine: MachineModel, nodes: int, sample_group_size: int | None
 
 def path_figures(g: nx.Graph, a, b) -> tuple[float, float]:
     """(latency_s, bottleneck bandwidth_Bps) of the lowest-latency path from a to b."""
+    import networkx as nx
+
     path = nx.shortest_path(g, a, b, weight="latency_s")
     edges = list(zip(path, path[1:]))
     latency = sum(g.edges[e]["latency_s"] for e in edges)
@@ -94,6 +110,8 @@ def path_figures(g: nx.Graph, a, b) -> tuple[float, float]:
 
 def node_injection(g: nx.Graph, node: int) -> float:
     """Bytes/s one node can push into the fabric: maximum flow from its switch to the fabric."""
+    import networkx as nx
+
     return nx.maximum_flow_value(g, ("switch", node), ("global",), capacity="bandwidth_Bps")
 
 
@@ -104,8 +122,66 @@ NETWORK_FIELDS = (
 )
 
 
+def cache_dir() -> Path | None:
+    """Where exaplan keeps what it derives once (None: EXAPLAN_CACHE_DIR=off)."""
+    env = os.environ.get("EXAPLAN_CACHE_DIR")
+    if env:
+        return None if env == "off" else Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "exaplan"
+
+
+def _cache_file(network_json: str) -> Path | None:
+    root = cache_dir()
+    if root is None:
+        return None
+    key = hashlib.sha256(Path(__file__).read_bytes() + network_json.encode()).hexdigest()[:32]
+    return root / "link-tiers" / f"{key}.json"
+
+
+def _read_cached(path: Path | None) -> LinkTiers | None:
+    """The tiers kept at `path`, or None (absent, unreadable or not tiers: derived again)."""
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
+            return None
+        return LinkTiers(**data)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _write_cached(path: Path | None, tiers: LinkTiers) -> None:
+    """Keep the tiers at `path`, whole or not at all (a cache that cannot be written is skipped)."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tiers-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(dataclasses.asdict(tiers), f)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
+
+
 @lru_cache(maxsize=64)
 def _tiers_cached(network_json: str) -> LinkTiers:
+    path = _cache_file(network_json)
+    tiers = _read_cached(path)
+    if tiers is None:
+        tiers = tiers_from_graph(network_json)
+        _write_cached(path, tiers)
+    return tiers
+
+
+def tiers_from_graph(network_json: str) -> LinkTiers:
+    """The tiers of the network whose fields (NETWORK_FIELDS) are `network_json`, read off its
+    sample graph."""
     machine = SimpleNamespace(**json.loads(network_json))
     machine.topology = TopologyKind(machine.topology)
     machine.node_injection_gbyte_s = machine.nics_per_node * machine.nic_gbit_s / 8.0
@@ -141,6 +217,12 @@ def _tiers_cached(network_json: str) -> LinkTiers:
 
 
 def link_tiers(machine: MachineModel) -> LinkTiers:
-    """The tiers of a machine, cached on the fields that shape its network (so that changing
-    efficiency figures, as a fit does, does not rebuild the graph)."""
-    return _tiers_cached(json.dumps(machine.model_dump(mode="json", include=set(NETWORK_FIELDS)), sort_keys=True))
+    """The tiers of a machine, cached (in the process and on disk: the module docstring) on the
+    fields that shape its network (so that changing efficiency figures, as a fit does, does
+    not rebuild the graph)."""
+    return _tiers_cached(network_key(machine))
+
+
+def network_key(machine: MachineModel) -> str:
+    """The fields that shape a machine's network, as the JSON its tiers are cached under."""
+    return json.dumps(machine.model_dump(mode="json", include=set(NETWORK_FIELDS)), sort_keys=True)
