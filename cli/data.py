@@ -9,6 +9,7 @@ import json
 import os
 
 from cli.common import print_json
+from planner.schema.errors import PlanError
 
 
 def add_parser(sub) -> None:
@@ -27,6 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default 0)")
     p.add_argument("--force", "--overwrite", dest="overwrite", action="store_true",
                    help="replace an existing prepared directory (--overwrite: the same)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes that parse the FASTA blocks (default 1; 0: one per core); the output is the "
+                        "same whatever N. A gzip file is decompressed by one process: the others parse")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     i = actions.add_parser("info", help="describe a prepared directory")
@@ -53,9 +57,15 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "info":
         print(json.dumps(prepared_manifest(args.dir), indent=1) if args.json else describe(args.dir))
         return 0
+    if args.workers < 0:
+        raise PlanError(f"must be 0 (one per core) or more, got {args.workers}", field="workers")
+    workers = args.workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    from runtime.dataprep.blocks import keep_freed_memory
+
+    keep_freed_memory()
     rep = prepare(args.fasta or [str(sample_fasta_path())], args.out, max_len=args.max_len,
                   val_fraction=args.val_fraction, seed=args.seed, progress=not args.no_progress,
-                  overwrite=args.overwrite)
+                  overwrite=args.overwrite, workers=workers)
     if args.json:
         print(json.dumps({**rep.__dict__}, indent=1))
     else:

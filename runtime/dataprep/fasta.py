@@ -10,6 +10,7 @@ record: either its tokens or the reason it was skipped. Files that are not FASTA
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -133,54 +134,30 @@ class FastaFile:
         self.bytes_read = 0
 
     def records(self, max_len: int) -> Iterator[FastaRecord]:
+        """Every record, line by line (the reference reader; prepare reads in blocks,
+        runtime/dataprep/blocks.py, and gives the same records)."""
         try:
             raw = HashingRaw(self.path)
         except OSError as err:
             raise PlanError(f"{self.path}: cannot open: {err.strerror or err}") from None
         reported = 0
+        parser = LineParser(self.path, max_len)
         try:
             buffered = io.BufferedReader(raw, 1 << 18)
             stream = gzip.GzipFile(fileobj=buffered, mode="rb") if self.compressed else buffered
-            header: bytes | None = None
-            header_line = 0
-            chunks: list[bytes] = []
-            length = 0          # residues accumulated (or counted, once too long)
-            too_long = False
-            lineno = 0
-            seen_header = False
             try:
                 for line in stream:
-                    lineno += 1
                     if self.on_bytes is not None and raw.pos - reported >= (1 << 20):
                         self.on_bytes(raw.pos - reported)
                         reported = raw.pos
-                    if line[:1] == b">":
-                        if header is not None:
-                            yield self._finish(header, header_line, chunks, length, too_long, max_len)
-                        header, header_line, chunks, length, too_long = line, lineno, [], 0, False
-                        seen_header = True
-                        continue
-                    stripped = line.translate(None, _WHITESPACE)
-                    if not stripped or line[:1] == b";":   # blank line or old-style comment
-                        continue
-                    if not seen_header:
-                        raise PlanError(
-                            f"{self.path} line {lineno}: sequence data before the first '>' header: "
-                            "not a FASTA file (or truncated at the start)")
-                    length += len(stripped)
-                    if too_long:
-                        continue
-                    if length > max_len + 1:    # +1: a terminal '*' does not count
-                        too_long, chunks = True, []
-                    else:
-                        chunks.append(stripped)
-                if header is not None:
-                    yield self._finish(header, header_line, chunks, length, too_long, max_len)
+                    done = parser.line(line)
+                    if done is not None:
+                        yield done
+                done = parser.end()
+                if done is not None:
+                    yield done
             except (EOFError, zlib.error, OSError) as err:  # gzip.BadGzipFile is an OSError
-                what = "truncated or corrupt gzip data" if self.compressed else "read error"
-                raise PlanError(f"{self.path}: {what} near line {lineno + 1}: {err}") from None
-            if not seen_header:
-                raise PlanError(f"{self.path}: no FASTA records (no line starts with '>')")
+                raise self.read_error(err, parser.lineno) from None
             raw.drain()
             self.sha256 = raw.sha256.hexdigest()
             self.bytes_read = raw.pos
@@ -189,28 +166,123 @@ class FastaFile:
         finally:
             raw.close()
 
-    @staticmethod
-    def _finish(header: bytes, lineno: int, chunks: list[bytes], length: int, too_long: bool,
-                max_len: int) -> FastaRecord:
-        words = header[1:].split(None, 1)
-        rid = words[0].decode("utf-8", "replace") if words else ""
-        if not rid:
-            return FastaRecord("", lineno, length, None, SKIP_NO_ID, "header line has no identifier")
-        if too_long:
-            return FastaRecord(rid, lineno, length, None, SKIP_TOO_LONG, f"{length} residues > max_len {max_len}")
-        seq = b"".join(chunks)
-        if seq.endswith(b"*"):
-            seq = seq[:-1]
-        if not seq:
-            return FastaRecord(rid, lineno, 0, None, SKIP_EMPTY, "header with no sequence")
-        if len(seq) > max_len:
-            return FastaRecord(rid, lineno, len(seq), None, SKIP_TOO_LONG, f"{len(seq)} residues > max_len {max_len}")
-        bad = seq.translate(None, _ALPHABET_BOTH)
-        if bad:
-            pos = seq.index(bad[:1]) + 1
-            char = bad[:1].decode("latin-1")
-            return FastaRecord(rid, lineno, len(seq), None, SKIP_LETTER, f"character {char!r} at residue {pos}")
-        return FastaRecord(rid, lineno, len(seq), _BOS + seq.translate(_TABLE) + _EOS)
+    @contextlib.contextmanager
+    def stream(self):
+        """`read(n)`: up to n bytes of the file's content (decompressed), b"" at its end. On a
+        clean exit the whole file has been hashed (sha256) and counted (bytes_read)."""
+        try:
+            raw = HashingRaw(self.path)
+        except OSError as err:
+            raise PlanError(f"{self.path}: cannot open: {err.strerror or err}") from None
+        reported = 0
+        try:
+            buffered = io.BufferedReader(raw, 1 << 18)
+            stream = gzip.GzipFile(fileobj=buffered, mode="rb") if self.compressed else buffered
+
+            def read(n: int) -> bytes:
+                nonlocal reported
+                data = stream.read(n)
+                if self.on_bytes is not None and raw.pos > reported:
+                    self.on_bytes(raw.pos - reported)
+                    reported = raw.pos
+                return data
+
+            yield read
+            raw.drain()
+            self.sha256 = raw.sha256.hexdigest()
+            self.bytes_read = raw.pos
+            if self.on_bytes is not None and raw.pos > reported:
+                self.on_bytes(raw.pos - reported)
+        finally:
+            raw.close()
+
+    def read_error(self, err: BaseException, lines: int) -> PlanError:
+        """The PlanError of a read or decompression error after `lines` lines."""
+        what = "truncated or corrupt gzip data" if self.compressed else "read error"
+        return PlanError(f"{self.path}: {what} near line {lines + 1}: {err}")
 
 
-__all__ = ["ALPHABET", "FastaFile", "FastaRecord", "SKIP_REASONS", "decode", "encode", "is_gzip"]
+class LineParser:
+    """The FASTA grammar, one line (ending in b"\\n", or the file's last) at a time: `line`
+    returns the record a header line ends, `end` the last one (PlanError for sequence data
+    before the first header, or for no header at all). A record longer than `max_len` stops
+    being accumulated as soon as it is known to be too long."""
+
+    def __init__(self, path: str, max_len: int, lineno: int = 0, seen_header: bool = False):
+        self.path, self.max_len = path, max_len
+        self.lineno = lineno            # lines seen
+        self.seen_header = seen_header
+        self.header: bytes | None = None
+        self.header_line = 0
+        self.chunks: list[bytes] = []
+        self.length = 0                 # residues accumulated (or counted, once too long)
+        self.too_long = False
+
+    def line(self, line: bytes) -> FastaRecord | None:
+        self.lineno += 1
+        if line[:1] == b">":
+            done = self.end_record()
+            self.header, self.header_line, self.chunks, self.length, self.too_long = line, self.lineno, [], 0, False
+            self.seen_header = True
+            return done
+        stripped = line.translate(None, _WHITESPACE)
+        if not stripped or line[:1] == b";":   # blank line or old-style comment
+            return None
+        if not self.seen_header:
+            raise PlanError(f"{self.path} line {self.lineno}: sequence data before the first '>' header: "
+                            "not a FASTA file (or truncated at the start)")
+        self.length += len(stripped)
+        if self.too_long:
+            return None
+        if self.length > self.max_len + 1:    # +1: a terminal '*' does not count
+            self.too_long, self.chunks = True, []
+        else:
+            self.chunks.append(stripped)
+        return None
+
+    def end_record(self) -> FastaRecord | None:
+        """The record being read, finished (None before the first header)."""
+        if self.header is None:
+            return None
+        done = finish_record(self.header, self.header_line, self.chunks, self.length, self.too_long, self.max_len)
+        self.header, self.chunks = None, []
+        return done
+
+    def end(self) -> FastaRecord | None:
+        """The last record; PlanError when the file had no header at all."""
+        done = self.end_record()
+        if not self.seen_header:
+            raise PlanError(f"{self.path}: no FASTA records (no line starts with '>')")
+        return done
+
+
+def record_id(header: bytes) -> str:
+    """A header line's record id: its first word after '>' ("" when it has none)."""
+    words = header[1:].split(None, 1)
+    return words[0].decode("utf-8", "replace") if words else ""
+
+
+def finish_record(header: bytes, lineno: int, chunks: list[bytes], length: int, too_long: bool,
+                  max_len: int) -> FastaRecord:
+    rid = record_id(header)
+    if not rid:
+        return FastaRecord("", lineno, length, None, SKIP_NO_ID, "header line has no identifier")
+    if too_long:
+        return FastaRecord(rid, lineno, length, None, SKIP_TOO_LONG, f"{length} residues > max_len {max_len}")
+    seq = b"".join(chunks)
+    if seq.endswith(b"*"):
+        seq = seq[:-1]
+    if not seq:
+        return FastaRecord(rid, lineno, 0, None, SKIP_EMPTY, "header with no sequence")
+    if len(seq) > max_len:
+        return FastaRecord(rid, lineno, len(seq), None, SKIP_TOO_LONG, f"{len(seq)} residues > max_len {max_len}")
+    bad = seq.translate(None, _ALPHABET_BOTH)
+    if bad:
+        pos = seq.index(bad[:1]) + 1
+        char = bad[:1].decode("latin-1")
+        return FastaRecord(rid, lineno, len(seq), None, SKIP_LETTER, f"character {char!r} at residue {pos}")
+    return FastaRecord(rid, lineno, len(seq), _BOS + seq.translate(_TABLE) + _EOS)
+
+
+__all__ = ["ALPHABET", "FastaFile", "FastaRecord", "LineParser", "SKIP_REASONS", "decode", "encode", "finish_record",
+           "is_gzip", "record_id"]

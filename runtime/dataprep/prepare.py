@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import numpy as np
 from planner.schema.errors import PlanError
 from planner.schema.vocab import BOS_ID, PAD_ID, TOKEN_TO_ID, TOKENS, VOCAB_SIZE
 from runtime.dataprep.atomic import discard, fresh_dir, install, makedirs
+from runtime.dataprep.blocks import ReadFailed, Streamed, parse_block, read_blocks, split_threshold
 from runtime.dataprep.fasta import SKIP_REASONS, FastaFile
 from runtime.dataprep.shards import (DEFAULT_SHARD_TOKENS, FORMAT, FORMAT_VERSION, INDEX_DTYPE, MANIFEST, SPLITS,
                                      TOKEN_DTYPE, check_int)
@@ -79,55 +82,54 @@ class PrepareReport:
 
 
 class _SplitWriter:
-    """Appends token sequences to size-capped shard files and their index entries."""
+    """Appends token sequences to size-capped shard files and their index entries: a new shard
+    whenever the next sequence would not fit in the current one."""
 
     def __init__(self, directory: str, name: str, shard_tokens: int):
         self.dir, self.name, self.shard_tokens = directory, name, shard_tokens
         self.shards: list[dict[str, Any]] = []
         self._file = None
         self._pos = 0
-        self._buf = bytearray()
-        self._index: list[tuple[int, int, int]] = []
         self._index_file = open(os.path.join(directory, f"{name}.index"), "wb")
         self.sequences = self.residues = self.tokens = 0
 
-    def add(self, tokens: bytes) -> None:
-        n = len(tokens)
-        if self._file is None or self._pos + n > self.shard_tokens:
-            self._new_shard()
-        self._index.append((len(self.shards) - 1, n, self._pos))
-        self._buf += tokens
-        self._pos += n
-        self.shards[-1]["tokens"] = self._pos
-        self.sequences += 1
-        self.residues += n - 2
-        self.tokens += n
-        if len(self._buf) >= _FLUSH_BYTES:
-            self._flush()
+    def add_many(self, tokens: bytes | memoryview, lengths: np.ndarray) -> None:
+        """Append sequences given back to back (`lengths` tokens each), in order."""
+        m = len(lengths)
+        if not m:
+            return
+        cum = np.cumsum(lengths)
+        before = cum - lengths
+        cap = self.shard_tokens
+        i = 0
+        while i < m:
+            if self._file is None or self._pos + int(lengths[i]) > cap:
+                self._new_shard()
+            # records i..j-1 fit in what is left of this shard
+            j = max(int(np.searchsorted(cum, cap - self._pos + int(before[i]), side="right")), i + 1)
+            lo, hi = int(before[i]), int(cum[j - 1])
+            self._file.write(tokens[lo:hi])
+            index = np.empty(j - i, dtype=INDEX_DTYPE)
+            index["shard"], index["length"] = len(self.shards) - 1, lengths[i:j]
+            index["offset"] = before[i:j] - lo + self._pos
+            index.tofile(self._index_file)
+            self._pos += hi - lo
+            self.shards[-1]["tokens"] = self._pos
+            i = j
+        self.sequences += m
+        self.tokens += int(cum[-1])
+        self.residues += int(cum[-1]) - 2 * m
 
     def _new_shard(self) -> None:
         if self._file is not None:
-            self._flush()
             self._file.close()
         fname = f"{self.name}-{len(self.shards):05d}.tokens"
-        self._file = open(os.path.join(self.dir, fname), "wb")
+        self._file = open(os.path.join(self.dir, fname), "wb", buffering=_FLUSH_BYTES)
         self.shards.append({"file": fname, "tokens": 0})
         self._pos = 0
 
-    def _flush(self) -> None:
-        if self._buf:
-            self._file.write(self._buf)
-            self._buf = bytearray()
-        if self._index:
-            arr = np.empty(len(self._index), dtype=INDEX_DTYPE)
-            cols = np.array(self._index, dtype=np.int64)
-            arr["shard"], arr["length"], arr["offset"] = cols[:, 0], cols[:, 1], cols[:, 2]
-            arr.tofile(self._index_file)
-            self._index = []
-
     def close(self) -> dict[str, Any]:
         if self._file is not None:
-            self._flush()
             self._file.close()
         self._index_file.close()
         return {"sequences": self.sequences, "residues": self.residues, "tokens": self.tokens,
@@ -141,7 +143,7 @@ class _SplitWriter:
 
 def prepare(fasta_paths: list[str], out_dir: str, *, max_len: int = 1024, val_fraction: float = 0.05,
             seed: int = 0, progress: bool = True, overwrite: bool = False,
-            shard_tokens: int = DEFAULT_SHARD_TOKENS) -> PrepareReport:
+            shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int = 1) -> PrepareReport:
     """Tokenise FASTA files (plain or .gz) into memory-mapped shards under `out_dir`.
 
     Records are `<bos> residues <eos>`; lower case is upper-cased and one terminal '*' is
@@ -149,9 +151,12 @@ def prepare(fasta_paths: list[str], out_dir: str, *, max_len: int = 1024, val_fr
     residues, or no id are skipped and counted per reason. PlanError (and nothing written)
     for: a missing, empty or non-FASTA file, unreadable gzip, a file in which every record
     is skipped, a file of nucleotide sequences, or `out_dir` existing without `overwrite`.
+    `workers` > 1 parses blocks in that many forked processes (runtime/dataprep/blocks.py);
+    the output is the same whatever their number.
     """
     paths, out, max_len, seed, shard_tokens = _check_inputs(fasta_paths, out_dir, max_len, val_fraction, seed,
                                                             overwrite, shard_tokens)
+    workers = check_int("workers", workers, 1)
     files = [FastaFile(p) for p in paths]     # checks existence and emptiness up front
 
     t0 = time.perf_counter()
@@ -171,7 +176,7 @@ def prepare(fasta_paths: list[str], out_dir: str, *, max_len: int = 1024, val_fr
             if bar is not None:
                 bar_task = bar.add_task(os.path.basename(ff.path), total=ff.size)
                 ff.on_bytes = lambda n, t=bar_task: bar.advance(t, n)
-            sources.append(_tokenise_file(ff, writers, max_len, seed, val_fraction, skipped, examples))
+            sources.append(_tokenise_file(ff, writers, max_len, seed, val_fraction, skipped, examples, workers))
         splits = {s: w.close() for s, w in writers.items()}
         total = {k: sum(splits[s][k] for s in SPLITS) for k in ("sequences", "residues", "tokens")}
         manifest = _manifest(total, splits, skipped, examples, sources, max_len, val_fraction, seed)
@@ -223,27 +228,52 @@ def _check_inputs(fasta_paths, out_dir, max_len, val_fraction, seed, overwrite, 
 
 
 def _tokenise_file(ff: FastaFile, writers: dict[str, _SplitWriter], max_len: int, seed: int, val_fraction: float,
-                   skipped: Counter[str], examples: list[dict[str, Any]]) -> dict[str, Any]:
+                   skipped: Counter[str], examples: list[dict[str, Any]], workers: int = 1) -> dict[str, Any]:
     """Add one file's records to the split writers, count its skipped ones into `skipped`
     (and the first few into `examples`); its entry of the manifest's sources. PlanError when
     no record is usable or the file holds nucleotide sequences."""
     src_skipped: Counter[str] = Counter()
     kept = residues = nucleotides = 0
     first_bad = None
-    records_iter = ff.records(max_len)
-    for rec in records_iter:
-        if rec.skip is not None:
-            src_skipped[rec.skip] += 1
-            ex = {"file": ff.path, "line": rec.line, "id": rec.id, "reason": rec.skip, "detail": rec.detail}
-            first_bad = first_bad or ex
-            if len(examples) < _MAX_EXAMPLES:
-                examples.append(ex)
+    line = 0  # lines of the file before the current item
+    seen_header = False
+
+    def example(at: int, rid: str, reason: str, detail: str) -> None:
+        nonlocal first_bad
+        ex = {"file": ff.path, "line": line + at, "id": rid, "reason": reason, "detail": detail}
+        first_bad = first_bad or ex
+        if len(examples) < _MAX_EXAMPLES:
+            examples.append(ex)
+
+    for item in _parsed(ff, max_len, seed, val_fraction, workers):
+        if isinstance(item, Streamed):
+            rec = item.record
+            if rec is not None and rec.skip is not None:
+                src_skipped[rec.skip] += 1
+                example(rec.line, rec.id, rec.skip, rec.detail)
+            elif rec is not None:
+                tokens = rec.tokens
+                writers[split_of(rec.id, seed, val_fraction)].add_many(tokens, np.array([len(tokens)], np.int64))
+                kept += 1
+                residues += rec.residues
+                nucleotides += rec.residues - len(tokens[1:-1].translate(None, _NUCLEOTIDE_IDS))
+            seen_header = seen_header or item.seen_header
+            line += item.lines
             continue
-        writers[split_of(rec.id, seed, val_fraction)].add(rec.tokens)
-        kept += 1
-        residues += rec.residues
-        nucleotides += rec.residues - len(rec.tokens[1:-1].translate(None, _NUCLEOTIDE_IDS))
-    records_iter.close()
+        for split, part in item.splits.items():
+            writers[split].add_many(part.tokens, part.lengths)
+        kept += item.kept
+        residues += item.residues
+        nucleotides += item.nucleotides
+        for reason, count in item.skipped.items():
+            if count:
+                src_skipped[reason] += count
+        for at, rid, reason, detail in item.examples:
+            example(at, rid, reason, detail)
+        seen_header = seen_header or item.seen_header
+        line += item.lines
+    if not seen_header:
+        raise PlanError(f"{ff.path}: no FASTA records (no line starts with '>')")
     records = kept + sum(src_skipped.values())
     if kept == 0:
         reasons = ", ".join(f"{k} {v:,}" for k, v in src_skipped.items())
@@ -259,6 +289,52 @@ def _tokenise_file(ff: FastaFile, writers: dict[str, _SplitWriter], max_len: int
             "bytes": ff.size, "sha256": ff.sha256, "gzip": ff.compressed,
             "records": records, "sequences": kept, "residues": residues,
             "skipped": {k: v for k, v in src_skipped.items() if v}}
+
+
+def _parsed(ff: FastaFile, max_len: int, seed: int, val_fraction: float, workers: int):
+    """The file's blocks parsed (BlockResult) and its long records (Streamed), in file order;
+    with workers > 1 the blocks are parsed in forked processes, a few ahead of the writer."""
+    bound = split_threshold(val_fraction)
+    lines_done = 0
+    try:
+        with ff.stream() as read:
+            blocks = read_blocks(read, ff.path, max_len)
+            if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+                for item in blocks:
+                    if isinstance(item, Streamed):
+                        yield item
+                    else:
+                        result = parse_block(item[0], ff.path, max_len, seed, bound, item[1])
+                        yield result
+                        lines_done += result.lines
+                        continue
+                    lines_done += item.lines
+                return
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                pending: deque = deque()
+                failed = None
+                try:
+                    for item in blocks:
+                        pending.append(item if isinstance(item, Streamed) else
+                                       pool.submit(parse_block, item[0], ff.path, max_len, seed, bound, item[1]))
+                        while len(pending) > 2 * workers:
+                            done = _result(pending.popleft())
+                            lines_done += done.lines
+                            yield done
+                except ReadFailed as err:  # what was read before it comes first
+                    failed = err
+                while pending:
+                    done = _result(pending.popleft())
+                    lines_done += done.lines
+                    yield done
+                if failed is not None:
+                    raise failed
+    except ReadFailed as failed:
+        raise ff.read_error(failed.err, lines_done + failed.lines) from None
+
+
+def _result(item):
+    return item if isinstance(item, Streamed) else item.result()
 
 
 def _manifest(total: dict[str, int], splits: dict[str, dict[str, Any]], skipped: Counter[str],
