@@ -118,6 +118,92 @@ def _scatter(values: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def _slow_records(buf: bytes, a: np.ndarray, starts: np.ndarray, heads: np.ndarray, head_end: np.ndarray,
+                  body: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per record, True where the plain path cannot take it: comment lines, id-less headers,
+    raw marker bytes, more than one '*' or one that is not the last residue."""
+    n, r = len(a), len(heads)
+    slow = np.zeros(r, dtype=bool)
+    comments = starts[a[starts] == 59]  # ';'
+    if len(comments):
+        slow[np.searchsorted(heads, comments, side="right") - 1] = True
+    after = np.minimum(heads + 1, n - 1)
+    slow |= (heads + 1 >= head_end) | np.isin(a[after], np.frombuffer(_WHITESPACE, np.uint8))
+    for marker in (_RAW_BOS, _RAW_EOS):
+        if buf.find(bytes([marker])) >= 0:
+            slow[np.searchsorted(heads, np.flatnonzero(a == marker), side="right") - 1] = True
+    if buf.find(b"*") >= 0:
+        stars = np.flatnonzero(a == 42)
+        rec = np.searchsorted(heads, stars, side="right") - 1
+        in_body = (rec >= 0) & (stars >= body[np.maximum(rec, 0)])
+        stars, rec = stars[in_body], rec[in_body]
+        many = np.flatnonzero(np.bincount(rec, minlength=r) > 1)
+        slow[many] = True
+        for p, k in zip(stars.tolist(), rec.tolist()):  # one star: kept only as the last residue
+            if buf[p + 1:int(ends[k])].translate(None, _WHITESPACE):
+                slow[k] = True
+    return slow
+
+
+def _translate(buf: bytes, body: np.ndarray, ends: np.ndarray, slow: np.ndarray):
+    """The bodies of the records not marked slow, joined with <eos><bos> between them and
+    translated to token ids: (the translation, its tokens between the outer markers as a
+    memoryview, those tokens as numpy, each record's <bos> position, each one's end)."""
+    mv = memoryview(buf)
+    # <eos><bos> between the bodies and around them; the first <eos> and the last <bos> are cut off.
+    joined = _SEP.join([b""] + [b"" if s else mv[b0:b1]
+                                for b0, b1, s in zip(body.tolist(), ends.tolist(), slow.tolist())] + [b""])
+    translated = joined.translate(_FAST, _DELETE)
+    del joined
+    tokens = memoryview(translated)[1:-1]
+    t = np.frombuffer(tokens, dtype=np.uint8)
+    bos = np.flatnonzero(t == BOS_ID)
+    if len(bos) != len(body):  # cannot happen: every body holding a marker byte was left out
+        raise AssertionError(f"{len(bos)} records marked, {len(body)} headers")
+    return translated, tokens, t, bos, np.append(bos[1:], len(t))
+
+
+def _reparse(buf: bytes, path: str, max_len: int, heads: list[int], ends: list[int], line_of_head: np.ndarray,
+             slow_idx: np.ndarray, out: BlockResult) -> dict[int, FastaRecord]:
+    """The slow records parsed by the reference line parser; skips counted into `out`."""
+    records: dict[int, FastaRecord] = {}
+    for k in slow_idx.tolist():
+        parser = LineParser(path, max_len, int(line_of_head[k]), True)
+        for line in buf[heads[k]:ends[k]].splitlines(keepends=True):
+            parser.line(line)
+        rec = parser.end_record()
+        records[k] = rec
+        if rec.skip is not None:
+            out.skipped[rec.skip] += 1
+            if len(out.examples) < 20:
+                out.examples.append((rec.line, rec.id, rec.skip, rec.detail))
+    return records
+
+
+def _fill_splits(out: BlockResult, tokens: memoryview, bos: np.ndarray, seg_end: np.ndarray, slow: np.ndarray,
+                 fast: np.ndarray, val: np.ndarray, records: dict[int, FastaRecord], kept_slow: list[int],
+                 seed: int, bound: int | None) -> None:
+    """Each split's tokens and lengths, in file order."""
+    r = len(slow)
+    bos_l, seg_end_l = bos.tolist(), seg_end.tolist()
+    if not kept_slow:
+        for name, pick in (("train", ~slow & ~_scatter(val, fast, r)), ("val", _scatter(val, fast, r))):
+            # runs of consecutive records of the split are one slice each
+            edges = np.flatnonzero(np.diff(np.concatenate(([False], pick, [False])).view(np.int8)))
+            first, last = edges[0::2].tolist(), (edges[1::2] - 1).tolist()
+            out.splits[name] = SplitPart(b"".join([tokens[bos_l[i]:seg_end_l[j]] for i, j in zip(first, last)]),
+                                         (seg_end[pick] - bos[pick]).astype(np.int64))
+        return
+    # records parsed again among the kept ones
+    val_of = dict(zip(fast.tolist(), val.tolist()))
+    for k in kept_slow:
+        val_of[k] = _split_names([records[k].id.encode("utf-8", "surrogatepass")], seed, bound)[0]
+    for name, want in (("train", False), ("val", True)):
+        idx = sorted(k for k, v in val_of.items() if bool(v) == want)
+        pieces = [records[k].tokens if k in records else tokens[bos_l[k]:seg_end_l[k]] for k in idx]
+        out.splits[name] = SplitPart(b"".join(pieces), np.array([len(p) for p in pieces], dtype=np.int64))
+
+
 def parse_block(buf: bytes, path: str, max_len: int, seed: int, bound: int | None, at_start: bool) -> BlockResult:
     """Parse one block: the start of the file (`at_start`), or from a header line on. Line
     numbers (of the examples) count from the block's first line; PlanError (sequence data
@@ -146,38 +232,8 @@ def parse_block(buf: bytes, path: str, max_len: int, seed: int, bound: int | Non
     head_end = nl[np.minimum(np.searchsorted(nl, heads), max(len(nl) - 1, 0))] if len(nl) else np.full(r, n)
     head_end = np.where(head_end > heads, head_end, n)  # no newline after the last header: the end
     body = np.minimum(head_end + 1, ends)
-    slow = np.zeros(r, dtype=bool)
-    # Records the plain path cannot take: comment lines, id-less headers, raw marker bytes, stars.
-    comments = starts[a[starts] == 59]  # ';'
-    if len(comments):
-        slow[np.searchsorted(heads, comments, side="right") - 1] = True
-    after = np.minimum(heads + 1, n - 1)
-    slow |= (heads + 1 >= head_end) | np.isin(a[after], np.frombuffer(_WHITESPACE, np.uint8))
-    for marker in (_RAW_BOS, _RAW_EOS):
-        if buf.find(bytes([marker])) >= 0:
-            slow[np.searchsorted(heads, np.flatnonzero(a == marker), side="right") - 1] = True
-    if buf.find(b"*") >= 0:
-        stars = np.flatnonzero(a == 42)
-        rec = np.searchsorted(heads, stars, side="right") - 1
-        in_body = (rec >= 0) & (stars >= body[np.maximum(rec, 0)])
-        stars, rec = stars[in_body], rec[in_body]
-        many = np.flatnonzero(np.bincount(rec, minlength=r) > 1)
-        slow[many] = True
-        for p, k in zip(stars.tolist(), rec.tolist()):  # one star: kept only as the last residue
-            if buf[p + 1:int(ends[k])].translate(None, _WHITESPACE):
-                slow[k] = True
-    mv = memoryview(buf)
-    body_l, ends_l, slow_l = body.tolist(), ends.tolist(), slow.tolist()
-    # <eos><bos> between the bodies and around them; the first <eos> and the last <bos> are cut off.
-    joined = _SEP.join([b""] + [b"" if s else mv[b0:b1] for b0, b1, s in zip(body_l, ends_l, slow_l)] + [b""])
-    translated = joined.translate(_FAST, _DELETE)
-    tokens = memoryview(translated)[1:-1]
-    del joined
-    t = np.frombuffer(tokens, dtype=np.uint8)
-    bos = np.flatnonzero(t == BOS_ID)
-    if len(bos) != r:  # cannot happen: every body holding a marker byte was left out
-        raise AssertionError(f"{len(bos)} records marked, {r} headers")
-    seg_end = np.append(bos[1:], len(t))
+    slow = _slow_records(buf, a, starts, heads, head_end, body, ends)
+    translated, tokens, t, bos, seg_end = _translate(buf, body, ends, slow)
     residues = seg_end - bos - 2
     bad = np.flatnonzero(t == _BAD)
     if len(bad):
@@ -188,40 +244,15 @@ def parse_block(buf: bytes, path: str, max_len: int, seed: int, bound: int | Non
     ids = [buf[heads_l[k] + 1:head_end_l[k]].split(None, 1)[0] for k in fast.tolist()]
     val = _split_names(ids, seed, bound)
     slow_idx = np.flatnonzero(slow)
-    records: dict[int, FastaRecord] = {}
-    for k in slow_idx.tolist():
-        parser = LineParser(path, max_len, int(line_of_head[k]), True)
-        for line in buf[heads_l[k]:ends_l[k]].splitlines(keepends=True):
-            parser.line(line)
-        rec = parser.end_record()
-        records[k] = rec
-        if rec.skip is not None:
-            out.skipped[rec.skip] += 1
-            if len(out.examples) < 20:
-                out.examples.append((rec.line, rec.id, rec.skip, rec.detail))
+    records = _reparse(buf, path, max_len, heads_l, ends.tolist(), line_of_head, slow_idx, out)
     kept_slow = [k for k, rec in records.items() if rec.tokens is not None]
-    tv = tokens
-    bos_l, seg_end_l = bos.tolist(), seg_end.tolist()
-    if not kept_slow:
-        for name, pick in (("train", ~slow & ~_scatter(val, fast, r)), ("val", _scatter(val, fast, r))):
-            # runs of consecutive records of the split are one slice each
-            edges = np.flatnonzero(np.diff(np.concatenate(([False], pick, [False])).view(np.int8)))
-            first, last = edges[0::2].tolist(), (edges[1::2] - 1).tolist()
-            out.splits[name] = SplitPart(b"".join([tv[bos_l[i]:seg_end_l[j]] for i, j in zip(first, last)]),
-                                         (seg_end[pick] - bos[pick]).astype(np.int64))
-    else:  # records parsed again among the kept ones: in file order
-        val_of = dict(zip(fast.tolist(), val.tolist()))
-        for k in kept_slow:
-            val_of[k] = _split_names([records[k].id.encode("utf-8", "surrogatepass")], seed, bound)[0]
-        for name, want in (("train", False), ("val", True)):
-            idx = sorted(k for k, v in val_of.items() if bool(v) == want)
-            pieces = [records[k].tokens if k in records else tv[bos_l[k]:seg_end_l[k]] for k in idx]
-            out.splits[name] = SplitPart(b"".join(pieces), np.array([len(p) for p in pieces], dtype=np.int64))
+    _fill_splits(out, tokens, bos, seg_end, slow, fast, val, records, kept_slow, seed, bound)
     out.kept = len(fast) + len(kept_slow)
     out.residues = int(residues[fast].sum()) + sum(records[k].residues for k in kept_slow)
     # nucleotide letters of the kept records: all the translation's, less the records parsed
     # again (their segments), plus those of them kept
     nuc = np.count_nonzero(np.frombuffer(translated.translate(_IS_NUCLEOTIDE), dtype=np.bool_))
+    bos_l, seg_end_l = bos.tolist(), seg_end.tolist()
     for k in slow_idx.tolist():
         nuc -= np.count_nonzero(np.isin(t[bos_l[k]:seg_end_l[k]], np.frombuffer(_NUCLEOTIDES, np.uint8)))
     out.nucleotides = int(nuc) + sum(len(records[k].tokens) - len(records[k].tokens.translate(None, _NUCLEOTIDES))
