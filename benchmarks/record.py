@@ -95,12 +95,25 @@ def whatif_tables(figures: dict) -> tuple[list[dict], list[str]]:
 
 def commands_tables(figures: list[dict]) -> tuple[list[dict], list[str]]:
     """planner.bench --commands --json: whole commands, each in fresh processes."""
-    rows = [[r["what"], f"`{r['command']}`", f"{r['wall_s']:.2f} (median of {r['runs']})", f"{r['target_s']:g}",
-             f"{r['peak_mb']:.0f}", f"{r['target_mb']:g}" if r.get("target_mb") else "—"] for r in figures]
+    def rate(r: dict) -> str:
+        if "mb_per_cpu_s" not in r:
+            return "—"
+        target = f" (target {r['target_mb_per_cpu_s']:g})" if r.get("target_mb_per_cpu_s") else ""
+        return f"{r['mb_per_cpu_s']:.0f} per core{target}; {r['mb_per_s']:.0f} wall"
+
+    rows = [[r["what"], f"`{r['command']}`", f"{r['wall_s']:.2f} (median of {r['runs']})",
+             f"{r['target_s']:g}" if r.get("target_s") else "—", _f(r.get("cpu_s"), ".2f"), f"{r['peak_mb']:.0f}",
+             f"{r['target_mb']:g}" if r.get("target_mb") else "—", rate(r)] for r in figures]
+    inputs = sorted({f"{r['input_mb']:.0f} MB" for r in figures if "input_mb" in r})
+    notes = ["Each command in a fresh process (interpreter start-up and imports included); CPU is user + system "
+             "time of the process and its workers; peak memory is the process's resident high-water mark (wait4)."]
+    if inputs:
+        notes.append(f"`data prepare` reads a generated FASTA ({', '.join(inputs)}: copies of the shipped UniProt "
+                     "sample, ids suffixed, wrapped at 60; planner/bench.py write_fasta); its rate is MB of FASTA "
+                     "(uncompressed, for the gzip input too) per second of CPU, and per second of wall.")
     return [{"caption": "Whole commands, as a user waits on them",
-             "columns": ["what", "command", "wall, s", "target, s", "peak memory, MB", "target, MB"], "rows": rows}], \
-        ["Each command in a fresh process (interpreter start-up and imports included); peak memory is the "
-         "process's resident high-water mark (wait4)."]
+             "columns": ["what", "command", "wall, s", "target, s", "CPU, s", "peak memory, MB", "target, MB",
+                         "FASTA, MB/s"], "rows": rows}], notes
 
 
 def _failures(figures: dict) -> list[str]:

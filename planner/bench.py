@@ -11,8 +11,13 @@ planner's share, then of the whole command `exaplan whatif ... --report DIR/r.ht
 start to its exit (target WHATIF_TARGET_S on a 2-core machine, report included; --no-command
 leaves it out).
 
-`make bench` records both (benchmarks/record.py): docs/results/bench-search.json and
-docs/results/bench-whatif.json, rendered on the docs site's "Benchmark results" page.
+`--commands`: whole commands in fresh processes as a user waits on them (COMMANDS: `--help`,
+`list`, the 3,200-node Aurora plan, the what-if sweep with its report, and `data prepare` on a
+generated ~223 MB FASTA, plain and gzip, one process and one per core), each against its target:
+median wall and CPU seconds, peak memory, and for `data prepare` MB of FASTA per CPU second.
+
+`make bench` records them (benchmarks/record.py): docs/results/bench-search.json,
+docs/results/bench-whatif.json and docs/results/bench-commands.json, rendered on the docs site's "Benchmark results" page.
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ def render(r: BenchResult) -> str:
 
 
 WHATIF = dict(model="protein-3.5b", machine="aurora,alps,frontier,leonardo,pdx", nodes="16:2048", tokens=1e12)
-WHATIF_TARGET_S = 10.0  # the whole command, report included, on a 2-core machine
+WHATIF_TARGET_S = 2.5  # the whole command, report included, on a 2-core machine (issue 53)
 
 
 def whatif_command(report: Path) -> list[str]:
@@ -142,14 +147,61 @@ def render_whatif(r: dict) -> str:
 
 
 # `--commands`: whole commands in fresh processes, as a user waits on them (issue 53's targets on
-# this 2-core machine): (what, arguments after `exaplan`, wall target s, peak memory target MB).
+# this 2-core machine). `data prepare` reads a generated FASTA (FASTA_COPIES copies of the shipped
+# UniProt sample) and is rated in MB of FASTA per second of CPU time (the process's and its workers').
+@dataclass(frozen=True)
+class Command:
+    what: str
+    args: tuple[str, ...]  # after `exaplan`; {tmp} is a temporary directory, {run} the run's index
+    target_s: float | None = None  # wall
+    target_mb: float | None = None  # peak resident memory
+    reads: str | None = None  # the FASTA (under {tmp}) whose size gives MB/s: for gzip input, the
+    # uncompressed FASTA it holds, so that plain and gzip rates compare
+    target_mb_per_cpu_s: float | None = None
+
+
+_WHATIF_ARGS = ("whatif", "--model", WHATIF["model"], "--machine", WHATIF["machine"], "--nodes", WHATIF["nodes"],
+                "--tokens", "1e12", "--report", "{tmp}/r.html", "--force")
+_PREPARE = ("data", "prepare", "--no-progress", "-o", "{tmp}/prepared-{run}")
 COMMANDS = [
-    ("exaplan --help", ["--help"], 0.3, None),
-    ("exaplan list", ["list"], 0.3, None),
-    ("exaplan plan protein-3.5b on 3,200 Aurora nodes (robustness draws included)",
-     ["plan", "--model", "protein-3.5b", "--machine", "aurora", "--nodes", "3200", "-o", "{tmp}/plan.yaml", "--force"],
-     1.0, 250),
+    Command("exaplan --help", ("--help",), 0.3),
+    Command("exaplan list", ("list",), 0.3),
+    Command("exaplan plan protein-3.5b on 3,200 Aurora nodes (robustness draws included)",
+            ("plan", "--model", "protein-3.5b", "--machine", "aurora", "--nodes", "3200", "-o", "{tmp}/plan.yaml",
+             "--force"), 1.0, 250),
+    Command("exaplan whatif, five machines x 16-2,048 nodes, HTML report", _WHATIF_ARGS, 2.5),
+    Command("exaplan data prepare, one process", ("{tmp}/big.fasta", *_PREPARE), reads="big.fasta",
+            target_mb_per_cpu_s=200),
+    Command("exaplan data prepare, --workers 0 (one per core)", ("{tmp}/big.fasta", *_PREPARE, "--workers", "0"),
+            reads="big.fasta"),
+    Command("exaplan data prepare, gzip input (zlib-bound), one process", ("{tmp}/big.fasta.gz", *_PREPARE),
+            reads="big.fasta"),
+    Command("exaplan data prepare, gzip input, --workers 0", ("{tmp}/big.fasta.gz", *_PREPARE, "--workers", "0"),
+            reads="big.fasta"),
 ]
+SAMPLE_FASTA = Path(__file__).resolve().parents[1] / "runtime" / "dataprep" / "samples" / "uniprot_sample.fasta.gz"
+FASTA_COPIES = 150  # of the sample's 3,103 records: about 223 MB, 465,450 records
+
+
+def write_fasta(path: Path, copies: int = FASTA_COPIES) -> None:
+    """`copies` copies of the shipped UniProt sample, each record's id suffixed with its copy
+    (_0, _1, ...: distinct ids, so the split hashes differ) and its sequence wrapped at 60
+    letters, as UniProt's files are; and the same gzip-compressed (level 1) beside it."""
+    import gzip
+
+    records = []  # (">id", " description\nsequence lines\n")
+    for chunk in gzip.decompress(SAMPLE_FASTA.read_bytes()).split(b"\n>"):
+        head, _, seq = chunk.lstrip(b">").partition(b"\n")
+        ident, _, rest = head.rstrip().partition(b" ")
+        seq = seq.replace(b"\n", b"")
+        lines = b"\n".join(seq[i:i + 60] for i in range(0, len(seq), 60))
+        records.append((b">" + ident, b" " + rest + b"\n" + lines + b"\n"))
+    with open(path, "wb") as f, gzip.open(f"{path}.gz", "wb", compresslevel=1) as g:
+        for c in range(copies):
+            suffix = b"_%d" % c
+            block = b"".join(i + suffix + r for i, r in records)
+            f.write(block)
+            g.write(block)
 
 
 def _exaplan() -> list[str]:
@@ -159,23 +211,27 @@ def _exaplan() -> list[str]:
 
 
 def time_command(argv: list[str], repeats: int) -> dict:
-    """Median wall seconds over `repeats` fresh processes, and the largest peak resident memory
-    (MB, from wait4's rusage: the process's high-water mark, which on Linux includes the pages it
-    shared with this process when forked: run from a small process, as `make bench` does)."""
+    """Median wall and CPU seconds over `repeats` fresh processes (CPU: user + system of the
+    process and the children it waited for, from wait4's rusage), and the largest peak resident
+    memory (MB: the process's high-water mark, which on Linux includes the pages it shared with
+    this process when forked: run from a small process, as `make bench` does). Each argument's
+    {run} is the run's index."""
     import os
     import statistics
 
-    walls, peaks = [], []
-    for _ in range(repeats):
+    walls, cpus, peaks = [], [], []
+    for run in range(repeats):
+        args = [a.replace("{run}", str(run)) for a in argv]
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)
         walls.append(time.perf_counter() - start)
+        cpus.append(usage.ru_utime + usage.ru_stime)
         peaks.append(usage.ru_maxrss / 1024)  # KiB on Linux
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)}: exit code {proc.returncode}")
-    return dict(wall_s=statistics.median(walls), runs=repeats, peak_mb=max(peaks))
+            raise SystemExit(f"{' '.join(args)}: exit code {proc.returncode}")
+    return dict(wall_s=statistics.median(walls), cpu_s=statistics.median(cpus), runs=repeats, peak_mb=max(peaks))
 
 
 def compile_sources() -> None:
@@ -188,22 +244,40 @@ def compile_sources() -> None:
         compileall.compile_dir(str(root / package), quiet=1)
 
 
-def run_commands(repeats: int = 5) -> list[dict]:
+def run_commands(repeats: int = 5, commands: list[Command] | None = None, fasta_copies: int = FASTA_COPIES) -> list[dict]:
+    """Each command (default COMMANDS) timed over `repeats` fresh processes; the FASTA that
+    `data prepare` reads written first (write_fasta, `fasta_copies` copies)."""
+    import os
     import tempfile
 
+    commands = COMMANDS if commands is None else commands
     compile_sources()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for what, args, wall_target, mem_target in COMMANDS:
-            argv = [*_exaplan(), *[a.format(tmp=tmp) for a in args]]
-            rows.append(dict(what=what, command="exaplan " + " ".join(args).replace("{tmp}", "TMP"),
-                             **time_command(argv, repeats), target_s=wall_target, target_mb=mem_target))
+        if any(c.reads for c in commands):
+            write_fasta(Path(tmp) / "big.fasta", fasta_copies)
+        for c in commands:
+            argv = [*_exaplan(), *[a.replace("{tmp}", tmp) for a in c.args]]
+            row = dict(what=c.what, command="exaplan " + " ".join(c.args).replace("{tmp}", "TMP").replace("-{run}", ""),
+                       **time_command(argv, repeats), target_s=c.target_s, target_mb=c.target_mb)
+            if c.reads:
+                size = os.path.getsize(Path(tmp) / c.reads) / 1e6
+                row.update(input_mb=size, mb_per_cpu_s=size / row["cpu_s"], mb_per_s=size / row["wall_s"],
+                           target_mb_per_cpu_s=c.target_mb_per_cpu_s)
+            rows.append(row)
     return rows
 
 
 def render_commands(rows: list[dict]) -> str:
-    return "\n".join(f"{r['what']}: {r['wall_s']:.2f} s (target {r['target_s']:g} s), peak {r['peak_mb']:.0f} MB"
-                     + (f" (target {r['target_mb']} MB)" if r["target_mb"] else "") for r in rows)
+    def line(r: dict) -> str:
+        out = f"{r['what']}: {r['wall_s']:.2f} s" + (f" (target {r['target_s']:g} s)" if r["target_s"] else "")
+        out += f", peak {r['peak_mb']:.0f} MB" + (f" (target {r['target_mb']:g} MB)" if r["target_mb"] else "")
+        if "mb_per_cpu_s" in r:
+            out += (f"; {r['input_mb']:.0f} MB in {r['cpu_s']:.2f} s of CPU: {r['mb_per_cpu_s']:.0f} MB/s per core"
+                    + (f" (target {r['target_mb_per_cpu_s']:g})" if r["target_mb_per_cpu_s"] else ""))
+        return out
+
+    return "\n".join(line(r) for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:

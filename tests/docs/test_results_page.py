@@ -98,10 +98,43 @@ def test_the_commands_benchmark_times_fresh_processes_and_renders_against_its_ta
     assert got["runs"] == 2 and 0.2 <= got["wall_s"] < 5 and got["peak_mb"] >= 64, got
     with pytest.raises(SystemExit, match="exit code 3"):
         bench.time_command([sys.executable, "-c", "raise SystemExit(3)"], repeats=1)
-    monkeypatch.setattr(bench, "COMMANDS", [("exaplan --help", ["--help"], 0.3, None),
-                                            ("a plan", ["plan", "--model", "protein-tiny", "--machine", "local", "--nodes", "1", "-o", "{tmp}/x.yaml"], 1.0, 250)])
-    rows = bench.run_commands(repeats=1)
-    assert [r["command"] for r in rows] == ["exaplan --help", "exaplan plan --model protein-tiny --machine local --nodes 1 -o TMP/x.yaml"]
+    commands = [bench.Command("exaplan --help", ("--help",), 0.3),
+                bench.Command("a plan", ("plan", "--model", "protein-tiny", "--machine", "local", "--nodes", "1", "-o",
+                                         "{tmp}/x.yaml", "--force"), 1.0, 250),
+                bench.Command("prepare", ("data", "prepare", "{tmp}/big.fasta", "-o", "{tmp}/p-{run}", "--json"),
+                              reads="big.fasta", target_mb_per_cpu_s=200)]
+    rows = bench.run_commands(repeats=2, commands=commands, fasta_copies=2)
+    assert [r["command"] for r in rows] == ["exaplan --help", "exaplan plan --model protein-tiny --machine local --nodes 1 -o TMP/x.yaml --force",
+                                            "exaplan data prepare TMP/big.fasta -o TMP/p --json"]
+    prep = rows[2]
+    assert prep["cpu_s"] > 0 and prep["mb_per_cpu_s"] == pytest.approx(prep["input_mb"] / prep["cpu_s"])
+    assert 2.5 < prep["input_mb"] < 3.5, prep  # two copies of the 1.5 MB sample, rewrapped
     rec = record.make_record("commands", ["x"], rows, wall_s=1.0, exit_code=0)
     page = results_page.render_record(rec)
+    assert "per core (target 200)" in page and "generated FASTA (3 MB" in page, page
     assert "| exaplan --help | `exaplan --help` |" in page and "| 0.3 |" in page and "| 250 |" in page, page
+
+
+def test_the_generated_fasta_is_copies_of_the_sample_with_distinct_ids(tmp_path):
+    """planner.bench.write_fasta: every record of the sample once per copy, ids suffixed with the
+    copy, sequences unchanged and wrapped at 60; the .gz beside it holds the same bytes."""
+    import gzip
+
+    from planner import bench
+
+    bench.write_fasta(tmp_path / "f.fasta", copies=3)
+    text = (tmp_path / "f.fasta").read_bytes()
+    assert gzip.decompress((tmp_path / "f.fasta.gz").read_bytes()) == text
+
+    def records(data: bytes) -> list[tuple[str, str]]:
+        out = []  # split at line starts only: a description may hold ">" ("(1->2)glucan")
+        for chunk in ("\n" + data.decode()).split("\n>")[1:]:
+            head, _, body = chunk.partition("\n")
+            out.append((head.split()[0], body.replace("\n", "")))
+        return out
+
+    sample = records(gzip.decompress(bench.SAMPLE_FASTA.read_bytes()))
+    got = records(text)
+    assert len(got) == 3 * len(sample) and len({i for i, _ in got}) == len(got)
+    assert got[len(sample) * 2 + 5] == (sample[5][0] + "_2", sample[5][1])
+    assert max(len(line) for line in text.decode().splitlines() if not line.startswith(">")) == 60
