@@ -117,8 +117,12 @@ def test_the_walltime_signal_and_a_cancel_reach_the_ranks_and_only_a_cancel_is_r
     only TERM marks the job cancelled, so that it is not requeued."""
     traps = _section(slurm_script, "CANCELLED=0", "|| true' TERM")
     loop = _section(slurm_script, 'while :; do wait "${LAUNCHER_PID}"', "rc=${last}; fi; fi")
-    body = ("( sleep 30 >/dev/null 2>&1 & nap=$!; trap 'kill \"${nap}\"; exit 85' TERM; wait ) &\nLAUNCHER_PID=$!\n"
-            + traps + "\necho ready\n" + loop + '\necho "rc=${rc} cancelled=${CANCELLED}"\n')
+    # The stand-in sets its own trap before it says it is armed, and the script says ready only
+    # then: a TERM that reached it before its trap would end it with 143, not 85.
+    armed = tmp_path / "armed"
+    body = (f"( trap 'kill \"${{nap}}\"; exit 85' TERM; sleep 30 >/dev/null 2>&1 & nap=$!; : > '{armed}'; wait ) &\n"
+            "LAUNCHER_PID=$!\n" + traps + f"\nwhile [ ! -e '{armed}' ]; do sleep 0.01; done\necho ready\n"
+            + loop + '\necho "rc=${rc} cancelled=${CANCELLED}"\n')
     p = subprocess.Popen(["bash", "-c", body], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline() == "ready\n"  # the traps are set
     os.kill(p.pid, getattr(__import__("signal"), f"SIG{signal}"))
