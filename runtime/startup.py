@@ -118,3 +118,23 @@ def _destroy_group() -> None:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - at exit, nothing is left to report it to
             pass
+
+
+def exit_rank(code: int) -> None:
+    """Ends a rank that has finished (its files closed, its process group torn down): the atexit
+    handlers run, stdout and stderr are flushed, and the process exits without the interpreter's
+    finalisation. A process group still referenced from Python (a device mesh, an FSDP module)
+    otherwise has its gloo threads destroyed during finalisation, and a rank that trained to the
+    end aborts at exit, now and then under load ("terminate called without an active exception",
+    SIGABRT: torchrun then fails the whole run; pytorch#190489, pytorch/pytorch#179291)."""
+    import atexit
+    import logging
+
+    atexit._run_exitfuncs()  # noqa: SLF001 - what normal exit would run first
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -332,4 +332,6 @@ def _fault_injection(step: int, rank: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from runtime.startup import exit_rank
+
+    exit_rank(main())  # an exception still ends the rank with its traceback, as before

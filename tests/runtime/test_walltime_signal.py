@@ -174,3 +174,20 @@ def test_a_rank_that_skips_destroy_process_group_has_its_group_torn_down_at_exit
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == ["initialized: True", "at exit, initialized: False"], p.stdout
+
+
+def test_a_finished_rank_exits_with_its_code_its_output_and_atexit_but_no_finalisation(tmp_path):
+    """runtime.startup.exit_rank: the code comes back, buffered stdout (a pipe: not line-buffered)
+    and the atexit handlers are not lost, and the interpreter's finalisation is skipped (an
+    object's __del__ at module teardown never runs: what would destroy gloo's threads there)."""
+    code = ("import atexit, sys\n"
+            "from runtime.startup import exit_rank\n"
+            "class Late:\n"
+            "    def __del__(self): print('finalised', flush=True)\n"
+            "late = Late()\n"
+            "atexit.register(lambda: print('atexit ran'))\n"
+            "sys.stdout.write('buffered ')\n"
+            "exit_rank(3)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 3, p.stderr
+    assert p.stdout == "buffered atexit ran\n", p.stdout
