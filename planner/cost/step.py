@@ -136,10 +136,7 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     if job.sequences_per_sample > 1:
         u = replace(u, mbs=u.mbs * job.sequences_per_sample)
     ov, B, t, v = machine.overlap, bytes_per_element(job.precision), u.tp, u.vpp
-    f_layer, fb_layer = compute.layer_times(model, machine, job, u)
-    head = compute.head_time(model, machine, job, u)
-    load, blocks = chunk_bottleneck(model.layers, u.pp, v, head / fb_layer)  # the busiest rank's, per chunk
-    blocks_on_rank = blocks * v
+    compute_mb, blocks_on_rank = micro_batch_compute(model, machine, job, u)
     T = u.mbs * job.seq_len / u.cp
     M_act = T * model.hidden * B
     # Tensor parallel: per block 2 collectives forward, 2 backward (+2 when recomputed);
@@ -182,6 +179,17 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     pp_bytes = np.where((u.sp == 1) | job.framework.pp_sends_split_over_tp, M_act / t, M_act)
     pp_mb = np.where(u.pp > 1, 2 * v * comm.point_to_point(pp_bytes, pl_pp.alpha_s, pl_pp.beta_Bps) * (1 - ov.pp), 0.0)
     act_per_mb, act_working, act_fixed = activation_parts(model, machine, job, u)
+    return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed, act_working,
+                     backward_tail_bytes(model, machine, job, u) + backward_temporaries_bytes(model, job, u))
+
+
+def micro_batch_compute(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Layouts):
+    """Per unit: a micro-batch's compute on the busiest rank (s), the blocks that rank runs."""
+    v = u.vpp
+    f_layer, fb_layer = compute.layer_times(model, machine, job, u)
+    head = compute.head_time(model, machine, job, u)
+    load, blocks = chunk_bottleneck(model.layers, u.pp, v, head / fb_layer)  # the busiest rank's, per chunk
+    blocks_on_rank = blocks * v
     compute_mb = load * v * fb_layer + compute.framework_overhead_s(machine, blocks_on_rank, u.recompute, u.tp)
     if job.reference_in_step:
         # The frozen reference model's forward over the same sequences (no backward, no
@@ -190,8 +198,14 @@ def unit_costs(model: ModelSpec, machine: MachineModel, job: TrainingJob, u: Lay
     # On a GPU a micro-batch takes at least the host's time to launch its operators.
     compute_mb = np.maximum(compute_mb, compute.launch_floor_s(machine, job, blocks_on_rank, u.recompute,
                                                                job.reference_in_step))
-    return UnitCosts(compute_mb, tp_mb, np.where(u.cp > 1, cp_mb, 0.0), pp_mb, act_per_mb, act_fixed, act_working,
-                     backward_tail_bytes(model, machine, job, u) + backward_temporaries_bytes(model, job, u))
+    return compute_mb, blocks_on_rank
+
+
+def ddp_buckets(model: ModelSpec, job: TrainingJob, ddp_buckets_mb) -> tuple[float, ...]:
+    """The DDP bucket sizes (MiB) evaluate_space scores: those given, else the framework's."""
+    if not ddp_buckets_mb and job.framework.ddp_bucket_per_block:
+        ddp_buckets_mb = (flops.layer_params(model) * 4 / 2**20,)  # one block's fp32 gradients (MiB, as torch's bucket_cap_mb)
+    return tuple(map(float, ddp_buckets_mb or job.framework.ddp_buckets_mb))
 
 
 # --------------------------------------------------------------------------------------------
@@ -454,9 +468,7 @@ def evaluate_space(model: ModelSpec, machine: MachineModel, job: TrainingJob, sp
     if not memory and detail:
         raise ValueError("memory=False is for detail=False scores only")
     machine = framework_machine(machine, job.framework)
-    if not ddp_buckets_mb and job.framework.ddp_bucket_per_block:
-        ddp_buckets_mb = (flops.layer_params(model) * 4 / 2**20,)  # one block's fp32 gradients (MiB, as torch's bucket_cap_mb)
-    ddp_buckets_mb = tuple(map(float, ddp_buckets_mb or job.framework.ddp_buckets_mb))
+    ddp_buckets_mb = ddp_buckets(model, job, ddp_buckets_mb)
     tiers = link_tiers(machine)
     algos = offered_algorithms(machine)
     U = unit_costs(model, machine, job, space.units, tiers, algos)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.cost.layout import Layouts
-from planner.cost.step import Evaluation, evaluate, evaluate_space
+from planner.cost.bounds import row_bounds
+from planner.cost.step import Evaluation, Scores, evaluate, evaluate_space
 from planner.schema.errors import PlanError
 from planner.search.axes import cp_options, tp_options
 from planner.search.pins import Pins
@@ -35,7 +36,7 @@ class SearchResult:
     evaluation: Evaluation  # their detailed predictions, same order
     total_layouts: int  # legal layouts enumerated
     layouts_scored: int  # layouts x algorithm choices scored
-    fitting: int  # legal layouts that fit in memory
+    fitting: int | None  # legal layouts that fit in memory (None: not counted, search(prune=True))
     seconds: float  # enumerate + score + rank
     pins: Pins = field(default_factory=Pins)  # the values kept fixed (every layout has them)
     finalists: Layouts | None = None  # every re-scored finalist, best first (layouts is its head)
@@ -55,9 +56,11 @@ def feasible_global_batches(model: ModelSpec, job: TrainingJob, world: int, arou
 
 
 def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, top_k: int = 5,
-           pins: Pins | None = None) -> SearchResult:
+           pins: Pins | None = None, prune: bool = False) -> SearchResult:
     """The best `top_k` layouts of `job` on `nodes` nodes of `machine`; with `pins`, among the
-    layouts that keep every pinned value (PlanError for pins that conflict or leave none)."""
+    layouts that keep every pinned value (PlanError for pins that conflict or leave none).
+    `prune`: score only the rows that can reach the finalists (_promising_rows: the same
+    layouts, found sooner; the fitting count is then left out)."""
     if nodes > machine.nodes:
         raise PlanError(f"{nodes} nodes asked for, {machine.name} has {machine.nodes}", field="nodes")
     world = nodes * machine.devices_per_node
@@ -87,7 +90,8 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
         if len(pinned) == 0:
             raise pins.no_layout(space, model, job, world)
         space = pinned
-    scores = evaluate_space(model, machine, job, space, detail=False)
+    rows, scores = _promising_rows(model, machine, job, space) if prune else \
+        (None, evaluate_space(model, machine, job, space, detail=False))
     fitting = int(scores.fits.sum())
     if fitting == 0:
         least = float(scores.memory_bytes.min())
@@ -99,9 +103,8 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
             field="memory",
         )
     key = np.where(scores.fits, scores.step_time_s, np.inf)
-    n = min(FINALISTS, fitting)
-    cand = np.argpartition(key, n - 1)[:n] if n < len(key) else np.arange(len(key))
-    lay = space.layouts(cand)
+    cand = _finalists(key, min(FINALISTS, fitting))
+    lay = space.layouts(cand if rows is None else rows[cand])
     ev = evaluate(model, machine, job, lay)  # library-consistent algorithms
     # Rank by step time, then memory; the layout fields break exact ties deterministically.
     tie = tuple(getattr(lay, f) for f in ("sp", "recompute", "sharding", "schedule", "vpp", "gas", "mbs", "tp", "cp", "dp_shard", "dp_replicate", "pp"))
@@ -109,5 +112,54 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
     order = ranked[:top_k]
     seconds = time.perf_counter() - start
     best = evaluate(model, machine, job, lay.take(order))
-    return SearchResult(model, machine, job, nodes, lay.take(order), best, len(space), scores.layouts_scored, fitting, seconds,
-                        pins, lay.take(ranked), ev.step_time_s[ranked])
+    return SearchResult(model, machine, job, nodes, lay.take(order), best, len(space), scores.layouts_scored,
+                        None if prune else fitting, seconds, pins, lay.take(ranked), ev.step_time_s[ranked])
+
+
+def _finalists(key: np.ndarray, n: int) -> np.ndarray:
+    """The n rows of least key, ascending by row; of rows tied with the n-th, the first ones (not
+    whichever the partition left there: so the same rows whatever else the array holds)."""
+    if n >= len(key):
+        return np.arange(len(key))
+    edge = key[np.argpartition(key, n - 1)[n - 1]]
+    below = np.flatnonzero(key < edge)
+    return np.sort(np.concatenate([below, np.flatnonzero(key == edge)[:n - len(below)]]))
+
+
+PRUNE_FIRST_ROWS = 1 << 15  # rows of least bound scored first; each next batch twice the last
+BOUND_MARGIN = 1e-4  # the bounds are float64, the scores float32: a row is left out only well beyond them
+
+
+def _promising_rows(model: ModelSpec, machine: MachineModel, job: TrainingJob, space) -> tuple[np.ndarray, Scores]:
+    """The rows (ascending indices into `space`) and Scores of every row that can be among the
+    FINALISTS fitting rows of least step time. Rows are scored in order of their step time's
+    lower bound (row_bounds), in batches, until FINALISTS rows fit; then every row whose bound
+    lies at or below the FINALISTS-th fitting step is scored, and no other can enter. A row whose
+    memory bound exceeds the device is not scored unless too few fit (then every row is, as
+    without pruning, so that the least memory is known)."""
+    step_bound, memory_bound = row_bounds(model, machine, job, space)
+    hopeless = memory_bound * (1.0 - BOUND_MARGIN) > machine.device_memory_gib * GIB
+    bound = np.where(hopeless, np.inf, step_bound * (1.0 - BOUND_MARGIN))
+    scored = np.zeros(len(space), dtype=bool)
+    edge, batch, parts = np.inf, PRUNE_FIRST_ROWS, []
+    while not scored.all():
+        if np.isfinite(edge):
+            take = ~scored & (bound <= edge)
+        elif batch >= np.count_nonzero(~scored):
+            take = ~scored  # the rest, the hopeless ones too
+        else:
+            cut = np.partition(np.where(scored, np.inf, bound), batch - 1)[batch - 1]
+            take = ~scored & (bound <= cut)
+            batch *= 2
+        if not take.any():
+            break
+        rows = np.flatnonzero(take)
+        scored |= take
+        parts.append((rows, evaluate_space(model, machine, job, space.subset(rows), detail=False)))
+        fit = np.concatenate([sc.step_time_s[sc.fits] for _, sc in parts])
+        if len(fit) >= FINALISTS:
+            edge = float(np.partition(fit, FINALISTS - 1)[FINALISTS - 1])
+    rows = np.concatenate([r for r, _ in parts])
+    by_row = np.argsort(rows)
+    joined = [np.concatenate([getattr(sc, f) for _, sc in parts])[by_row] for f in ("step_time_s", "memory_bytes", "fits")]
+    return rows[by_row], Scores(*joined, sum(sc.layouts_scored for _, sc in parts))

@@ -254,7 +254,7 @@ def evaluate_point(case: Case, job, nodes: int, u) -> WhatifPoint:
     if nodes > case.machine.nodes:
         return WhatifPoint(**base, fits=False, reason=f"{case.machine.name} has {case.machine.nodes:,} nodes", layout="")
     try:
-        r = search(case.model, case.machine, job, nodes, top_k=1)
+        r = search(case.model, case.machine, job, nodes, top_k=1, prune=True)
     except PlanError as e:
         return WhatifPoint(**base, fits=False, reason=_short(e, job), layout="")
     ev = r.evaluation
