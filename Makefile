@@ -79,7 +79,7 @@ test-all: venv
 	EXAPLAN_FUZZ=deep EXAPLAN_FUZZ_DEEP=$(EXAPLAN_FUZZ_DEEP) $(BIN)/python -m pytest -q
 
 # Search speed, then the what-if sweep (in process: the planner's share) and the whole
-# `exaplan whatif ... --report` command (target 10 s on a 2-core machine, report included);
+# `exaplan whatif ... --report` command (target 2.5 s on a 2-core machine, report included);
 # `exaplan check` of the Aurora plan's first and last rank (target under a minute a rank; a
 # rank that disagrees with the planner exits 1, recorded all the same: the leading -);
 # then bench-runtime and bench-jax. Each benchmark's results (the machine as detected, the

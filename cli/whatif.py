@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             vary=args.vary, global_batch=args.global_batch, batch_per_rank=args.batch_per_rank,
             framework=args.framework, workload=args.workload, reference=args.reference, seq_len=args.seq_len,
             precision=args.precision, overrides=args.overrides, progress=bar, command=_command(args),
-            compiled=args.compile)
+            compiled=args.compile, while_sweeping=_plots_warm_up if (args.report or args.plots) else None)
     finally:
         bar.close()
     if args.csv:
@@ -110,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
     if plots is not None:
         out.print(f"plots in {args.plots}: {', '.join(p.name for p in saved) or 'none (nothing fits)'}")
     return 0
+
+
+def _plots_warm_up() -> None:
+    from report.plots import warm_up
+
+    warm_up()
 
 
 def _command(args) -> str:

@@ -51,11 +51,13 @@ def run_whatif(*, model: str | list[str], machine: str | list[str], nodes: str |
                global_batch: int | None = None, batch_per_rank: int | None = None, framework: str = "exaplan",
                workload: str = "pretrain", reference: str = "in-step", seq_len: int | None = None,
                precision: str | None = None, overrides: list[str] | tuple = (), progress: Progress | None = None,
-               command: str = "", workers: int | None = None, compiled: bool = False) -> WhatifResult:
+               command: str = "", workers: int | None = None, compiled: bool = False,
+               while_sweeping: Callable[[], None] | None = None) -> WhatifResult:
     """Sweep and answer. Every input is checked before any search (PlanError naming the option).
     `progress(done, total, label)` is called after each point; `workers`: processes for the
     searches (default: one per core where the sweep is long enough); `compiled`: exaplan's blocks
-    through torch.compile (load_framework)."""
+    through torch.compile (load_framework); `while_sweeping`: work of the caller's (the report's
+    imports) done in this process while the worker processes search, when there are any."""
     start = time.perf_counter()
     inputs = dict(model=model, machine=machine, nodes=nodes, tokens=tokens, deadline_days=deadline_days,
                   minimise=minimise, fastest=fastest, knee=knee, vary=list(vary), global_batch=global_batch,
@@ -85,7 +87,7 @@ def run_whatif(*, model: str | list[str], machine: str | list[str], nodes: str |
     inputs.update(node_counts=counts, batch_rule=_batch_rule(global_batch, batch_per_rank, workload),
                   global_batches=_batch_labels(cases, batches) if batch_per_rank is None else {})
     points = _sweep(cases, counts, tokens, fw, batches, batch_per_rank, workload, reference, seq_len, precision,
-                    progress, workers)
+                    progress, workers, while_sweeping)
     points = questions.with_efficiency(points)
     result = WhatifResult(points=points, inputs=inputs, command=command,
                           device_status=_device_status(cases))
@@ -194,9 +196,10 @@ def _batches(cases: list[Case], tokens: float, seq_len: int | None, workload: st
 
 
 def _sweep(cases, counts, tokens, fw, batches, batch_per_rank, workload, reference, seq_len, precision,
-           progress, workers) -> list[WhatifPoint]:
+           progress, workers, while_sweeping=None) -> list[WhatifPoint]:
     """Every point, in order: case by case, node count by node count. With `workers` > 1 the
-    searches run in forked worker processes (each point is independent and costs 0.05-0.3 s)."""
+    searches run in forked worker processes (each point is independent and costs 0.05-0.3 s),
+    largest world first; `progress` then counts them as they finish."""
     tasks = []
     for case in cases:
         u = uncertainty_of(case.machine, fw)
@@ -219,13 +222,25 @@ def _sweep(cases, counts, tokens, fw, batches, batch_per_rank, workload, referen
         return points
     global _TASKS
     _TASKS = tasks  # inherited by the forked workers: nothing but the index is pickled
+    # The largest worlds first (their spaces are the largest): no worker is left with a long
+    # search at the end while the others idle. The points are returned in the sweep's order.
+    def ranks(t) -> int:  # 0: more nodes than the machine has (no search)
+        case, _, nodes, _ = t
+        return nodes * case.machine.devices_per_node if nodes <= case.machine.nodes else 0
+
+    order = sorted(range(len(tasks)), key=lambda i: -ranks(tasks[i]))
+    done: dict[int, WhatifPoint] = {}
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
-            for p in pool.imap(_evaluate_task, range(len(tasks))):
+            results = pool.imap_unordered(_evaluate_task, order)
+            if while_sweeping is not None:  # after the fork: the workers inherit none of it
+                while_sweeping()
+            for i, p in results:
+                done[i] = p
                 report(p)
     finally:
         _TASKS = []
-    return points
+    return [done[i] for i in range(len(tasks))]
 
 
 _TASKS: list = []
@@ -240,8 +255,8 @@ def _workers(asked: int | None, points: int) -> int:
     return max(1, min(os.cpu_count() or 1, points // MIN_POINTS_PER_WORKER))
 
 
-def _evaluate_task(i: int) -> WhatifPoint:
-    return evaluate_point(*_TASKS[i])
+def _evaluate_task(i: int) -> tuple[int, WhatifPoint]:
+    return i, evaluate_point(*_TASKS[i])
 
 
 def evaluate_point(case: Case, job, nodes: int, u) -> WhatifPoint:

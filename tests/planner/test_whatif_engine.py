@@ -134,6 +134,21 @@ def test_power_can_be_varied_and_workers_give_the_same_points():
     assert a.nodes == b.nodes and b.energy_kwh == pytest.approx(2 * a.energy_kwh)
 
 
+def test_the_callers_work_runs_while_the_workers_search_and_the_points_keep_their_order():
+    """while_sweeping runs once, in this process, with worker processes only; the points come
+    back in the sweep's order (case by case, node count by node count) though the largest worlds
+    are searched first."""
+    import os
+
+    calls = []
+    kw = dict(model="protein-small", machine=["dgx-h100", "frontier"], nodes="1:8", tokens=1e9)
+    two = run_whatif(**kw, workers=2, while_sweeping=lambda: calls.append(os.getpid()))
+    assert calls == [os.getpid()]
+    one = run_whatif(**kw, workers=1, while_sweeping=lambda: calls.append("serial"))
+    assert calls == [os.getpid()] and one.points == two.points
+    assert [(p.machine, p.nodes) for p in two.points] == [(m, n) for m in ("dgx-h100", "frontier") for n in (1, 2, 4, 8)]
+
+
 def test_an_unset_inter_node_efficiency_varies_from_the_network_efficiency():
     """Frontier leaves inter_node_efficiency unset (its NICs run at network_efficiency, 0.85):
     x1 is that figure, the same points as giving 0.85; x0.5 slows the steps that cross nodes."""
