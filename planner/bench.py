@@ -162,7 +162,7 @@ class Command:
 
 _WHATIF_ARGS = ("whatif", "--model", WHATIF["model"], "--machine", WHATIF["machine"], "--nodes", WHATIF["nodes"],
                 "--tokens", "1e12", "--report", "{tmp}/r.html", "--force")
-_PREPARE = ("data", "prepare", "--no-progress", "-o", "{tmp}/prepared-{run}")
+_PREPARE = ("data", "prepare", "--no-progress", "--force", "-o", "{tmp}/prepared-{run}")
 COMMANDS = [
     Command("exaplan --help", ("--help",), 0.3),
     Command("exaplan list", ("list",), 0.3),
@@ -170,13 +170,13 @@ COMMANDS = [
             ("plan", "--model", "protein-3.5b", "--machine", "aurora", "--nodes", "3200", "-o", "{tmp}/plan.yaml",
              "--force"), 1.0, 250),
     Command("exaplan whatif, five machines x 16-2,048 nodes, HTML report", _WHATIF_ARGS, 2.5),
-    Command("exaplan data prepare, one process", ("{tmp}/big.fasta", *_PREPARE), reads="big.fasta",
+    Command("exaplan data prepare, one process", (*_PREPARE, "{tmp}/big.fasta"), reads="big.fasta",
             target_mb_per_cpu_s=200),
-    Command("exaplan data prepare, --workers 0 (one per core)", ("{tmp}/big.fasta", *_PREPARE, "--workers", "0"),
+    Command("exaplan data prepare, --workers 0 (one per core)", (*_PREPARE, "--workers", "0", "{tmp}/big.fasta"),
             reads="big.fasta"),
-    Command("exaplan data prepare, gzip input (zlib-bound), one process", ("{tmp}/big.fasta.gz", *_PREPARE),
+    Command("exaplan data prepare, gzip input (zlib-bound), one process", (*_PREPARE, "{tmp}/big.fasta.gz"),
             reads="big.fasta"),
-    Command("exaplan data prepare, gzip input, --workers 0", ("{tmp}/big.fasta.gz", *_PREPARE, "--workers", "0"),
+    Command("exaplan data prepare, gzip input, --workers 0", (*_PREPARE, "--workers", "0", "{tmp}/big.fasta.gz"),
             reads="big.fasta"),
 ]
 SAMPLE_FASTA = Path(__file__).resolve().parents[1] / "runtime" / "dataprep" / "samples" / "uniprot_sample.fasta.gz"

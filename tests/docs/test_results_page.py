@@ -138,3 +138,16 @@ def test_the_generated_fasta_is_copies_of_the_sample_with_distinct_ids(tmp_path)
     assert len(got) == 3 * len(sample) and len({i for i, _ in got}) == len(got)
     assert got[len(sample) * 2 + 5] == (sample[5][0] + "_2", sample[5][1])
     assert max(len(line) for line in text.decode().splitlines() if not line.startswith(">")) == 60
+
+
+def test_every_benchmarked_command_is_one_exaplan_takes():
+    """planner.bench.COMMANDS, as exaplan's own parser reads them (a typo or an argument out of
+    place would fail only in `make bench`)."""
+    from cli.main import build_parser
+    from planner import bench
+
+    for c in bench.COMMANDS:
+        if c.args == ("--help",):
+            continue
+        args = build_parser().parse_args([a.replace("{tmp}", "/tmp/x").replace("{run}", "0") for a in c.args])
+        assert args.command == c.args[0], c
