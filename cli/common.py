@@ -9,7 +9,8 @@ import shlex
 import sys
 
 from planner.schema.errors import PlanError
-from planner.schema.specs import MAX_NODES, Recompute
+from planner.schema.choices import Recompute
+from planner.schema.limits import MAX_NODES
 
 RECOMPUTES = [r.value for r in Recompute]
 RECOMPUTE_HELP = ("activation recompute: none; selective (the attention core, Korthikanti et al. 2022); full (each "

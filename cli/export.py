@@ -25,7 +25,7 @@ targets (docs/frameworks/):
 
 
 def add_parser(sub) -> None:
-    from export import TARGETS
+    from export.targets import TARGETS
 
     p = sub.add_parser("export", help="write a plan as a framework's own config (Megatron, DeepSpeed, torchtitan, MaxText)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,

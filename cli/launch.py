@@ -202,7 +202,7 @@ def _framework(args: argparse.Namespace, plan, machine) -> int:
     import launch
     from export import export_plan, write_export
 
-    from export import TARGETS
+    from export.targets import TARGETS
 
     if args.framework not in TARGETS:
         raise PlanError(f"unknown framework {args.framework!r}; exaplan export's targets: {', '.join(TARGETS)}",

@@ -13,7 +13,20 @@ that framework is installed (the `frameworks` extra).
 
 from __future__ import annotations
 
-from export.base import Derived, Export, write_export
-from export.registry import TARGETS, export_plan, target_profile
+from export.targets import TARGETS
 
 __all__ = ["TARGETS", "Derived", "Export", "export_plan", "target_profile", "write_export"]
+
+
+def __getattr__(name: str):
+    """The rest (the plan schema, pydantic) imported on first use, not by `exaplan --help`,
+    which only names the targets."""
+    if name in ("Derived", "Export", "write_export"):
+        from export import base
+
+        return getattr(base, name)
+    if name in ("export_plan", "target_profile"):
+        from export import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module 'export' has no attribute {name!r}")

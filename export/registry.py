@@ -7,19 +7,10 @@ from __future__ import annotations
 import importlib
 
 from export.base import Export
+from export.targets import TARGETS
 from planner.schema.errors import PlanError
 from planner.schema.framework import job_refusals, layout_refusals
 from planner.schema.plan import Plan
-
-# --to name -> (module under export/, the framework profile of machine_models/frameworks.yaml
-# whose constraints it keeps).
-TARGETS: dict[str, tuple[str, str]] = {
-    "megatron": ("export.megatron", "megatron"),
-    "megatron-deepspeed": ("export.megatron", "deepspeed"),
-    "deepspeed": ("export.deepspeed", "deepspeed-zero"),
-    "torchtitan": ("export.torchtitan", "torchtitan"),
-    "maxtext": ("export.maxtext", "maxtext"),
-}
 
 
 def target_module(target: str):

@@ -9,9 +9,12 @@ core counts the full s x s score matrix (no causal halving); backward costs twic
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from planner.schema.specs import ModelSpec
+
+if TYPE_CHECKING:  # numpy is imported where arrays are made, not by `exaplan list`
+    import numpy as np
 
 
 def attention_params(m: ModelSpec) -> int:
@@ -133,6 +136,8 @@ def recompute_flops_per_token(m: ModelSpec, seq_len: int, recompute, early_stop:
     its last GEMM, the down projection: planner/cost/compute.py layer_times); selective = the
     attention core only (Korthikanti et al. 2022, section 5); selective-op = the GEMMs of
     op_recomputed_gemms (with a fused attention kernel, whose output it keeps)."""
+    import numpy as np
+
     from planner.cost.layout import RC_FULL, RC_OP, RC_SELECTIVE
 
     rc = np.asarray(recompute)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pydantic is imported by what raises it, not by `exaplan --help`
+    from pydantic import ValidationError
 
 
 class PlanError(ValueError):

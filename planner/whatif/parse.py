@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.inputs import yaml_value
 from planner.schema.errors import PlanError, check_name_or_path
-from planner.schema.specs import MAX_NODES
+from planner.schema.limits import MAX_NODES  # plain numbers: `exaplan --help` names these limits
 
 
 def positive_finite(value: float | None, option: str) -> float | None:
@@ -149,6 +148,8 @@ def _vary_value(label: str, whole: str):
         if not math.isfinite(factor) or factor <= 0:
             raise PlanError(f"multiplier {label!r} must be finite and positive (in {whole!r})", field="vary")
         return ("x", factor)
+    from planner.inputs import yaml_value  # the schema, imported once a sweep is parsed
+
     value = yaml_value(label, "vary")
     try:
         as_float = float(value) if isinstance(value, (str, float)) else 0.0

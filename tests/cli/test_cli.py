@@ -312,6 +312,21 @@ def test_planner_never_imports_torch():
     assert r.returncode == 0, r.stderr
 
 
+def test_help_imports_no_schema():
+    """`exaplan --help` and every subcommand's parser build without pydantic (the schema) or
+    numpy: the limits and choices they name live in plain modules (planner/schema/limits.py,
+    choices.py, export/targets.py, planner/whatif/parse.py)."""
+    code = ("import sys, contextlib, io; from cli.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    try: main(['--help'])\n"
+            "    except SystemExit as e: assert e.code == 0\n"
+            "assert 'COMMAND' in out.getvalue()\n"
+            "heavy = [m for m in ('pydantic', 'numpy', 'rich', 'networkx') if m in sys.modules]\n"
+            "assert not heavy, heavy")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
 def test_bench_reports_each_case(capsys, monkeypatch):
     from planner import bench
 
