@@ -68,6 +68,7 @@ def _row(run: PublishedRun, machine: MachineModel) -> ValidationRow:
         framework=run.framework, gpus=run.gpus, kind=run.kind, unit=run.unit,
         layout=run.layout.describe() + (f" {run.torch_blocks}" if run.torch_blocks else ""),
         published=run.figure, predicted=predicted, error=predicted / run.figure - 1.0, step_time_s=float(ev.step_time_s[0]),
+        seq_len=run.model.seq_len, global_batch=run.layout.global_batch,
         breakdown_s={k: float(getattr(ev, k)[0]) for k in ("compute_s", "bubble_s", "tp_s", "dp_s", "pp_s", "optimizer_s")},
         fits_memory=bool(ev.memory.fits[0]), assumed=list(run.assumed),
         interval=(lo, hi), inside_interval=bool(lo <= run.figure <= hi),

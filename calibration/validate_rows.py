@@ -32,6 +32,8 @@ class ValidationRow:
     predicted: float
     error: float
     step_time_s: float
+    seq_len: int = 0       # tokens per sequence (a job, for calibration/ranking.py, is one source, model, seq_len, machine, GPU count)
+    global_batch: int = 0  # sequences per step
     breakdown_s: dict[str, float] = field(default_factory=dict)
     fits_memory: bool = True
     assumed: list[str] = field(default_factory=list)

@@ -8,6 +8,7 @@ from dataclasses import asdict
 import numpy as np
 
 from calibration import gemm_benchmarks
+from calibration.ranking import MIN_LAYOUTS, REGRET_TARGET, SPEARMAN_TARGET, ranked_jobs, ranking_summary
 from calibration.record_check import out_of_reach, record_lines
 from calibration.validate_rows import (
     PINNED_SHIFT, SUMMARISED_SECTIONS, ValidationRow, foundry_groups, groups, interval_coverage, loo_summary, loo_targets,
@@ -65,6 +66,10 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
         if foundry:
             console.print(_foundry_table(foundry))
             console.print(_summary_line("section L (every row: --json)", foundry, coverage=True))
+    jobs = ranked_jobs(rows, held_out or [])
+    if jobs:
+        console.print(_ranking_table(jobs))
+        console.print(ranking_line(ranking_summary(jobs)))
     if searched:
         console.print(_searched_table(searched, {r.id: r for r in rows + (held_out or [])}))
     if any(r.assumed for r in rows + (held_out or [])):
@@ -88,6 +93,35 @@ def _foundry_table(rows: list[ValidationRow]):
         table.add_row(name, str(len(bands["all"])), f"{100 * med:.1f}%", f"{100 * worst:.1f}%", f"{100 * mean:+.1f}%",
                       *cells, "-" if inside is None else f"{100 * inside:.0f}%")
     return table
+
+
+def _ranking_table(jobs: list):
+    """calibration/ranking.py's jobs: one line each, the pick against the measured best."""
+    from rich.table import Table
+
+    table = Table(title="Ranking: jobs whose source measured several layouts (one source, model, sequence, machine, "
+                        "GPU count)")
+    for col in ("job", "layouts", "fitted", "Spearman", "pick's regret", "pick (predicted best)", "measured best"):
+        table.add_column(col, justify="right" if col in ("layouts", "fitted", "Spearman", "pick's regret") else "left",
+                         overflow="fold")
+    for j in jobs:
+        rho = "-" if j.spearman is None else f"{j.spearman:+.2f}"
+        regret = f"{100 * j.regret:.1f}%"
+        if j.held_to_targets and not j.meets_targets:
+            regret, rho = f"[yellow]{regret}[/]", f"[yellow]{rho}[/]"
+        table.add_row(j.name, str(j.layouts), str(j.fitted), rho, regret, j.pick + ("" if j.pick_fits else " (no fit)"),
+                      "=" if j.best == j.pick else j.best)
+    return table
+
+
+def ranking_line(s: dict) -> str:
+    """The ranking summary of calibration.ranking.ranking_summary in one line."""
+    if not s["held_to_targets"]:
+        return f"ranking: {s['jobs']} jobs with several layouts, none with {MIN_LAYOUTS} or more"
+    return (f"ranking: {s['meet_targets']} of {s['held_to_targets']} jobs with {MIN_LAYOUTS}+ layouts meet regret <= "
+            f"{100 * REGRET_TARGET:.0f}% and Spearman >= {SPEARMAN_TARGET}; regret median {100 * s['median_regret']:.1f}%, "
+            f"max {100 * s['max_regret']:.1f}%; Spearman median {s['median_spearman']:.2f}, min {s['min_spearman']:.2f} "
+            f"({s['jobs']} jobs with 2+ layouts in all)")
 
 
 def _searched_table(searched: list, rows: dict[str, ValidationRow]):
@@ -169,6 +203,9 @@ def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | No
         if foundry:
             out["held_out"]["section_l"] = {table: {band: _summary_json(part) for band, part in bands.items() if part}
                                             for table, bands in foundry_groups(foundry).items()}
+    jobs = ranked_jobs(rows, held_out or [])
+    out["ranking"] = {"jobs": [asdict(j) | {"name": j.name, "layouts": j.layouts} for j in jobs],
+                      "summary": ranking_summary(jobs)}
     if searched:
         out["searched_unstated"] = [asdict(s) for s in searched]
     return out

@@ -78,6 +78,29 @@ def sections(rows: list[dict], anchor: str = "section") -> str:
     return "\n".join(out)
 
 
+def ranking(data: dict) -> str:
+    """The jobs with several measured layouts: Spearman and the pick's regret (calibration/ranking.py)."""
+    s = data["summary"]
+    text = ["## Ranking {#ranking}\n",
+            f"{s['jobs']} jobs (one source, model, sequence length, machine and GPU count) have two measured layouts "
+            f"or more; {s['held_to_targets']} have {s['min_layouts']} or more and are held to the targets (the pick's "
+            f"regret at most {pct(s['regret_target'])}, Spearman at least {s['spearman_target']}): "
+            f"{s['meet_targets']} meet both."]
+    if s.get("max_regret") is not None:
+        text[-1] += (f" Over those, the regret is {pct(s['median_regret'])} at the median and {pct(s['max_regret'])} "
+                     f"at most; Spearman {s['median_spearman']:.2f} at the median, {s['min_spearman']:.2f} at least.")
+    text[-1] += "\n"
+    text.append("The pick is the layout predicted fastest among those predicted to fit; its regret is its measured time "
+                "per token over the measured fastest's, minus one. A job of two layouts has a Spearman of +1 or -1: "
+                "whether the pair is ordered right.\n")
+    rows = [[cell(j["name"]), str(j["layouts"]), str(j["fitted"]),
+             "—" if j["spearman"] is None else f"{j['spearman']:+.2f}", pct(j["regret"]), cell(j["pick"]),
+             "same" if j["best"] == j["pick"] else cell(j["best"])] for j in data["jobs"]]
+    text.append(table(["job", "layouts", "fitted", "Spearman", "regret", "pick (predicted fastest)", "measured fastest"],
+                      rows, right={1, 2, 3, 4}))
+    return "\n".join(text)
+
+
 def render(source: Path = SOURCE) -> str:
     head = ["# Published rows\n",
             written_by(f"It renders `docs/results/{source.name}`, which `{COMMAND}` writes: every published row the "
@@ -109,6 +132,8 @@ def render(source: Path = SOURCE) -> str:
             out.append("### Section L, summarised {#held-out-l}\n")
             for group, subsets in held["section_l"].items():
                 out.append(summary_table(group, subsets))
+    if (data.get("ranking") or {}).get("jobs"):
+        out.append(ranking(data["ranking"]))
     gemm = data.get("gemm_benchmarks") or []
     if gemm:
         out.append("## GEMM benchmarks {#gemm}\n\nPublished GEMM rates against the fitted matmul curve.\n")
