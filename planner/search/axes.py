@@ -10,6 +10,9 @@ from __future__ import annotations
 from planner.cost.layout import SC_1F1B, SC_GPIPE, SC_INTERLEAVED, SC_NONE, SH_HSDP, SH_NONE, SHARDINGS
 from planner.schema.specs import ModelSpec, TrainingJob, divisors
 
+# Virtual stages per rank the unpinned search tries (each doubles the pipeline's transfers and
+# halves its bubble; past 8 the published runs gain nothing). A pinned --vpp, and estimate, take
+# any count the layers allow (NeMo runs 12 for GPT-3 175B and Nemotron-4 340B).
 MAX_VIRTUAL_STAGES = 8
 
 
@@ -21,15 +24,16 @@ def cp_options(job: TrainingJob, rest: int) -> list[int]:
     return [c for c in divisors(rest) if c == 1 or job.seq_len % (2 * c) == 0]
 
 
-def pipeline_options(layers: int, pp: int, gas: int) -> list[tuple[int, int]]:
-    """(schedule code, virtual stages) pairs legal for pp and gas micro-batches."""
+def pipeline_options(layers: int, pp: int, gas: int, max_vpp: int = MAX_VIRTUAL_STAGES) -> list[tuple[int, int]]:
+    """(schedule code, virtual stages) pairs legal for pp and gas micro-batches, up to max_vpp
+    virtual stages per rank (the search's default; `layers` for every count that is legal)."""
     if pp == 1:
         return [(SC_NONE, 1)]
     if gas < pp:
         return []
     out = [(SC_GPIPE, 1), (SC_1F1B, 1)]
     if gas % pp == 0:
-        out += [(SC_INTERLEAVED, v) for v in range(2, MAX_VIRTUAL_STAGES + 1) if pp * v <= layers]
+        out += [(SC_INTERLEAVED, v) for v in range(2, max_vpp + 1) if pp * v <= layers]
     return out
 
 

@@ -21,7 +21,7 @@ from planner.cost.layout import RECOMPUTES, SCHEDULES, SHARDINGS, Space
 from planner.schema.errors import PlanError
 from planner.schema.plan import Recompute, Schedule, Sharding
 from planner.schema.specs import FrameworkProfile, ModelSpec, TrainingJob, divisors
-from planner.search.axes import MAX_VIRTUAL_STAGES, cp_options, tp_options
+from planner.search.axes import cp_options, tp_options
 
 # Where each pin is compared in a Space: (part, column of that part's layouts or of the rows).
 COLUMNS = {
@@ -161,8 +161,6 @@ class Pins:
         out, v, sched = [], self.vpp, self.schedule
         if sched is not None and self.pp == 1:
             out.append(("schedule", f"a pipeline schedule ({sched.value}) needs pp > 1"))
-        if v is not None and v > MAX_VIRTUAL_STAGES:
-            out.append(("vpp", f"the search considers at most {MAX_VIRTUAL_STAGES} virtual stages per rank, got {v}"))
         if v is not None and v > 1 and self.pp == 1:
             out.append(("vpp", f"{v} virtual stages need pp > 1"))
         if v is not None and v > 1 and sched not in (None, Schedule.interleaved_1f1b):

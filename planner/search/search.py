@@ -68,7 +68,7 @@ def search(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int
     pins.check(model, job, world)
     pins.check_framework(job.framework)
     start = time.perf_counter()
-    space = enumerate_space(model, job, world)
+    space = enumerate_space(model, job, world, vpp=pins.vpp)
     if len(space) == 0:
         near = feasible_global_batches(model, job, world, job.global_batch)
         raise PlanError(

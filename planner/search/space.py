@@ -18,20 +18,23 @@ import numpy as np
 
 from planner.cost.layout import RECOMPUTES, SH_HSDP, SH_NONE, SHARDINGS, Layouts, Space
 from planner.schema.specs import ModelSpec, TrainingJob, divisors
-from planner.search.axes import cp_options, pipeline_options, sharding_options, tp_options
+from planner.search.axes import MAX_VIRTUAL_STAGES, cp_options, pipeline_options, sharding_options, tp_options
 
 if TYPE_CHECKING:
     from planner.search.pins import Pins
 
 
-def enumerate_space(model: ModelSpec, job: TrainingJob, world: int, pins: Pins | None = None) -> Space:
+def enumerate_space(model: ModelSpec, job: TrainingJob, world: int, pins: Pins | None = None,
+                    vpp: int | None = None) -> Space:
     """All legal layouts for `world` ranks (possibly none), in factored form; with `pins`, those
-    that keep every pinned value (planner.search.pins; the pins are not checked here)."""
-    space = _enumerate(model, job, world)
+    that keep every pinned value (planner.search.pins; the pins are not checked here). Virtual
+    stages run to MAX_VIRTUAL_STAGES, or to `vpp` (or the pinned count) where that is more."""
+    max_vpp = max(MAX_VIRTUAL_STAGES, vpp or 0, (pins.vpp or 0) if pins is not None else 0)
+    space = _enumerate(model, job, world, max_vpp)
     return space if pins is None else pins.restrict(space)
 
 
-def _enumerate(model: ModelSpec, job: TrainingJob, world: int) -> Space:
+def _enumerate(model: ModelSpec, job: TrainingJob, world: int, max_vpp: int = MAX_VIRTUAL_STAGES) -> Space:
     """Every legal layout, in factored form (see the module docstring). Rows come in blocks:
     a block is n consecutive units under one gas and schedule, each unit crossed with its
     skeleton's meshes (unit-major); the blocks are expanded into rows at once at the end."""
@@ -57,7 +60,7 @@ def _enumerate(model: ModelSpec, job: TrainingJob, world: int) -> Space:
                 for mbs in divisors(job.global_batch // dp):
                     gas = job.global_batch // (dp * mbs)
                     by_v: dict[int, int] = {}
-                    for schedule, v in pipeline_options(model.layers, pp, gas):
+                    for schedule, v in pipeline_options(model.layers, pp, gas, max_vpp):
                         if v not in by_v:
                             by_v[v] = n_total
                             n_total += n_units
@@ -119,7 +122,7 @@ def layout_problems(model: ModelSpec, job: TrainingJob, world: int, lay: Layouts
         out.append(f"pp: {pp} stages for {model.layers} layers")
     if r["mbs"] * r["gas"] * dp != job.global_batch:
         out.append(f"mbs: micro-batch {r['mbs']} x data-parallel {dp} does not divide global batch {job.global_batch}")
-    elif pp > 1 and (r["schedule"], r["vpp"]) not in pipeline_options(model.layers, pp, r["gas"]):
+    elif pp > 1 and (r["schedule"], r["vpp"]) not in pipeline_options(model.layers, pp, r["gas"], model.layers):
         out.append(f"schedule: {r['gas']} micro-batches cannot run this schedule on {pp} stages with {r['vpp']} virtual stages "
                    f"(needs at least pp micro-batches; interleaved needs a multiple of pp and pp x vpp <= layers)")
     if r["sp"] and tp == 1:

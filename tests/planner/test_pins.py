@@ -101,7 +101,6 @@ CONFLICTS = [
     (dict(shard="hsdp", shard_group=4, dp=4), 32, "shard_group", "divides dp (4) into at least 2 replicas; got 4"),
     (dict(shard="hsdp", dp=2), 32, "shard", "hsdp needs dp >= 4"),
     (dict(pp=1, vpp=2), 32, "vpp", "2 virtual stages need pp > 1"),
-    (dict(vpp=9), 32, "vpp", "at most 8 virtual stages"),
     (dict(pp=4, vpp=5), 32, "vpp", "pp x vpp = 4 x 5 = 20 chunks for 16 layers"),
     (dict(vpp=2, schedule="1f1b"), 32, "vpp", "need the interleaved-1f1b schedule"),
     (dict(vpp=1, schedule="interleaved-1f1b"), 32, "schedule", "interleaved-1f1b needs vpp >= 2"),
@@ -176,6 +175,31 @@ def test_cli_pins_are_kept_and_reported(capsys, tmp_path, monkeypatch):
     # Unpinned: no "pins" key (the key set stays as before).
     assert main([*PLAN, "--json", "--no-write"]) == 0
     assert "pins" not in json.loads(capsys.readouterr().out)
+
+
+def test_virtual_stages_past_the_search_range_when_pinned(capsys, tmp_path, monkeypatch):
+    """NeMo runs 12 virtual stages; the unpinned search tries up to MAX_VIRTUAL_STAGES (8), a pin
+    or estimate takes any count the layers allow: protein-70b's 80 layers on pp 2 x vpp 10."""
+    from planner.search.axes import MAX_VIRTUAL_STAGES
+
+    monkeypatch.chdir(tmp_path)
+    model = get_model("protein-70b")
+    job = TrainingJob(global_batch=64, seq_len=2048)
+    assert enumerate_space(model, job, 64).units.vpp.max() == MAX_VIRTUAL_STAGES
+    Pins(pp=2, vpp=10).check(model, job, 64)
+    pinned = enumerate_space(model, job, 64, Pins(pp=2, vpp=10))
+    assert len(pinned) and set(pinned.units.vpp[pinned.unit].tolist()) == {10}
+    res = search(model, load_machine("dgx-h100"), job, nodes=8, pins=Pins(pp=2, vpp=10), top_k=2)
+    assert res.layouts.vpp.tolist() == [10, 10] and res.layouts.pp.tolist() == [2, 2]
+    argv = ["estimate", "--model", "protein-70b", "--machine", "dgx-h100", "--nodes", "8", "--tp", "8", "--pp", "2",
+            "--vpp", "10", "--dp", "4", "--mbs", "1", "--global-batch", "64", "--shard", "zero1", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "v10" in out["layout"] and out["step_time_s"] > 0
+    # more chunks than layers is still refused, naming the field
+    argv[argv.index("--vpp") + 1] = "41"
+    assert main(argv) == 2
+    assert "2 stages with 41 virtual stages" in capsys.readouterr().err
 
 
 def test_cli_table_says_what_is_pinned(capsys, tmp_path, monkeypatch):
