@@ -26,6 +26,8 @@ from calibration import fit_files, fit_published as cal
 from planner.cost.step import evaluate
 from calibration.published import PROFILE_OF, PublishedRun, held_out_runs, published_runs
 from calibration.record_check import check_record
+from calibration.strata import strata_of
+from planner.cost.flops import total_params
 from calibration.validate_rows import (  # noqa: F401 - the rows' API, re-exported for cli/ and the tests
     LONG_SEQ, LOO_TARGETS, PINNED_SHIFT, PINNED_SHIFT_S, SUMMARISED_SECTIONS, ValidationRow, foundry_groups, groups,
     interval_coverage, loo_summary, loo_targets, moved_figures, summary,
@@ -69,6 +71,8 @@ def _row(run: PublishedRun, machine: MachineModel) -> ValidationRow:
         layout=run.layout.describe() + (f" {run.torch_blocks}" if run.torch_blocks else ""),
         published=run.figure, predicted=predicted, error=predicted / run.figure - 1.0, step_time_s=float(ev.step_time_s[0]),
         seq_len=run.model.seq_len, global_batch=run.layout.global_batch,
+        strata=strata_of(machine.device_name, run.framework, run.layout.sharding.value, run.layout.pp, run.gpus,
+                         run.model.seq_len, total_params(run.model)),
         breakdown_s={k: float(getattr(ev, k)[0]) for k in ("compute_s", "bubble_s", "tp_s", "dp_s", "pp_s", "optimizer_s")},
         fits_memory=bool(ev.memory.fits[0]), assumed=list(run.assumed),
         interval=(lo, hi), inside_interval=bool(lo <= run.figure <= hi),

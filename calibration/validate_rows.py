@@ -34,6 +34,7 @@ class ValidationRow:
     step_time_s: float
     seq_len: int = 0       # tokens per sequence (a job, for calibration/ranking.py, is one source, model, seq_len, machine, GPU count)
     global_batch: int = 0  # sequences per step
+    strata: dict[str, str] = field(default_factory=dict)  # calibration/strata.py: device, framework, sharding, ...
     breakdown_s: dict[str, float] = field(default_factory=dict)
     fits_memory: bool = True
     assumed: list[str] = field(default_factory=list)

@@ -8,6 +8,7 @@ from dataclasses import asdict
 import numpy as np
 
 from calibration import gemm_benchmarks
+from calibration.strata import MIN_COVERAGE, MIN_STRATUM_ROWS, coverage_by_stratum, short_strata
 from calibration.ranking import MIN_LAYOUTS, REGRET_TARGET, SPEARMAN_TARGET, ranked_jobs, ranking_summary
 from calibration.record_check import out_of_reach, record_lines
 from calibration.validate_rows import (
@@ -62,6 +63,7 @@ def render_published(rows: list[ValidationRow], console, held_out: list[Validati
         listed = [r for r in held_out if list_all or r.section not in SUMMARISED_SECTIONS]
         console.print(_table("Held out (never fitted): predicted vs published", listed))
         console.print(_summary_line("held-out rows", listed, coverage=True))
+        console.print(_strata_table(coverage_by_stratum(held_out)))
         foundry = [r for r in held_out if r.section == "L"]
         if foundry:
             console.print(_foundry_table(foundry))
@@ -92,6 +94,24 @@ def _foundry_table(rows: list[ValidationRow]):
         inside = interval_coverage(bands["all"])
         table.add_row(name, str(len(bands["all"])), f"{100 * med:.1f}%", f"{100 * worst:.1f}%", f"{100 * mean:+.1f}%",
                       *cells, "-" if inside is None else f"{100 * inside:.0f}%")
+    return table
+
+
+def _strata_table(coverage: dict):
+    """Held-out coverage of the intervals per stratum (calibration/strata.py); strata held to
+    the target that miss it in yellow."""
+    from rich.table import Table
+
+    short = short_strata(coverage)
+    title = (f"Held out: rows inside the {100 * QUANTILE:.0f}% interval by stratum (at least {100 * MIN_COVERAGE:.0f}% "
+             f"wanted where a stratum has {MIN_STRATUM_ROWS}+ rows; {len(short)} short)")
+    table = Table(title=title)
+    for col in ("dimension", "stratum", "rows", "inside"):
+        table.add_column(col, justify="right" if col in ("rows", "inside") else "left")
+    for dim, part in coverage.items():
+        for name, s in part.items():
+            inside = f"{100 * s['inside']:.0f}%"
+            table.add_row(dim, name, str(s["rows"]), inside if s["meets_target"] else f"[yellow]{inside}[/]")
     return table
 
 
@@ -198,7 +218,8 @@ def published_json(rows: list[ValidationRow], held_out: list[ValidationRow] | No
     if targets is not None:
         out["targets"] = targets
     if held_out:
-        out["held_out"] = {"rows": [asdict(r) for r in held_out], "summary": _summary_json(held_out)}
+        out["held_out"] = {"rows": [asdict(r) for r in held_out], "summary": _summary_json(held_out),
+                           "coverage_by_stratum": coverage_by_stratum(held_out)}
         foundry = [r for r in held_out if r.section == "L"]
         if foundry:
             out["held_out"]["section_l"] = {table: {band: _summary_json(part) for band, part in bands.items() if part}

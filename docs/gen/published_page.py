@@ -78,6 +78,21 @@ def sections(rows: list[dict], anchor: str = "section") -> str:
     return "\n".join(out)
 
 
+def coverage(by_stratum: dict) -> str:
+    """Held-out rows inside their interval, per stratum (calibration/strata.py)."""
+    rows, short = [], 0
+    for dim, part in by_stratum.items():
+        for name, s in part.items():
+            short += not s["meets_target"]
+            inside = pct(s["inside"])
+            rows.append([cell(dim), cell(name), str(s["rows"]), inside if s["meets_target"] else f"**{inside}**"])
+    return ("### Coverage of the intervals by stratum {#held-out-strata}\n\n"
+            "How often a held-out row's published figure lies inside the 80% interval a plan would show, per device "
+            "kind, framework, sharding, pipeline or not, and band of world size, sequence length and model size. A "
+            f"stratum of 10 rows or more is meant to hold at least 70%; in bold where it does not ({short}).\n\n"
+            + table(["dimension", "stratum", "rows", "inside"], rows, right={2, 3}))
+
+
 def ranking(data: dict) -> str:
     """The jobs with several measured layouts: Spearman and the pick's regret (calibration/ranking.py)."""
     s = data["summary"]
@@ -128,6 +143,8 @@ def render(source: Path = SOURCE) -> str:
         listed = [r for r in held["rows"] if r.get("section") not in (held.get("summarised") or ("L",))]
         out.append("## Held out {#held-out}\n\nRows no fit reads: the prediction is blind.\n")
         out.append(sections(listed, "held-out"))
+        if held.get("coverage_by_stratum"):
+            out.append(coverage(held["coverage_by_stratum"]))
         if held.get("section_l"):
             out.append("### Section L, summarised {#held-out-l}\n")
             for group, subsets in held["section_l"].items():

@@ -82,3 +82,25 @@ def test_the_published_rows_report_their_ranking():
         measured = {rid: speeds(by_id[rid])[0] for rid in j.rows}
         assert j.regret == pytest.approx(max(measured.values()) / measured[j.pick] - 1)
         assert len({(by_id[r].section, by_id[r].model, by_id[r].seq_len, by_id[r].gpus) for r in j.rows}) == 1
+
+
+def test_strata_bands_and_coverage():
+    from calibration.strata import MIN_STRATUM_ROWS, coverage_by_stratum, short_strata, strata_of
+
+    s = strata_of("H100", "megatron", "zero1", 8, 4608, 8192, 1.77e11)
+    assert s == {"device": "H100", "framework": "megatron", "sharding": "zero1", "pipeline": "pp > 1",
+                 "world": "> 4,096 GPUs", "seq_len": ">= 8k", "model_size": ">= 100B"}
+    assert strata_of("A100", "fsdp", "fsdp", 1, 1, 2048, 3e8)["world"] == "1 GPU"
+    assert strata_of("A100", "fsdp", "fsdp", 1, 64, 4096, 1e9)["world"] == "9-64 GPUs"
+    rows = []
+    for i in range(MIN_STRATUM_ROWS):  # 10 megatron rows, 6 inside: 60% < 70%
+        r = _row(f"m{i}", 100, 100)
+        r.strata, r.inside_interval = strata_of("H100", "megatron", "zero1", 1, 8, 2048, 1e9), i < 6
+        rows.append(r)
+    few = _row("f", 100, 100)  # a stratum of one row, outside: not held to the target
+    few.strata, few.inside_interval = strata_of("H100", "fsdp", "fsdp", 1, 8, 2048, 1e9), False
+    cov = coverage_by_stratum(rows + [few])
+    assert cov["framework"]["megatron"] == {"rows": 10, "inside": 0.6, "held_to_target": True, "meets_target": False}
+    assert cov["framework"]["fsdp"]["meets_target"] and not cov["framework"]["fsdp"]["held_to_target"]
+    assert cov["device"]["H100"]["rows"] == 11
+    assert ("framework", "megatron") in [(d, n) for d, n, _ in short_strata(cov)]
