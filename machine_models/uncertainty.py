@@ -61,6 +61,7 @@ def conformal_bound(abs_errors, quantile: float = QUANTILE) -> float:
 # Stated defaults: a device kind nothing was fitted to (first-guess efficiency figures), and
 # memory (no published peak-memory rows to take leave-one-out errors from).
 UNFITTED_STEP_TIME = 0.30
+CPU_DEVICE = "CPU rank"  # machine_models/loader.py detect_local_machine's device name starts so
 MEMORY = 0.15
 
 
@@ -96,6 +97,12 @@ def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = N
     else:
         status = device_kind_status().get(machine.device_name, "unknown device kind")
         device = (data.get("device_kinds") or {}).get(machine.device_name)
+        if machine.device_name.startswith(CPU_DEVICE):  # a CPU is measured by calibrate, never by published rows
+            state = ("calibrated by microbenchmarks, no training runs measured" if machine.calibrated else
+                     "uncalibrated: the project's first-guess CPU figures until `exaplan calibrate` measures this machine")
+            return Uncertainty(step_time=UNFITTED_STEP_TIME, memory=MEMORY, fitted=False, basis=(
+                f"{machine.device_name}: {state}; stated +/-{UNFITTED_STEP_TIME:.0%}, which the band of `exaplan "
+                "calibrate --arrival` (layouts trained and predicted) replaces"))
         if status != "fitted" or not device:
             return Uncertainty(step_time=UNFITTED_STEP_TIME, memory=MEMORY, fitted=False, basis=f"{machine.device_name}: "
                                f"{status}; stated default +/-{UNFITTED_STEP_TIME:.0%} for device kinds without published rows")

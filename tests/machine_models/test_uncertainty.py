@@ -134,3 +134,18 @@ def test_a_machine_calibrated_by_its_own_runs_carries_its_own_band(tmp_path):
     assert "step_time_band" not in h100.model_copy(update={"step_time_band": band}).model_dump()
     with pytest.raises(ValueError, match="half_width"):
         StepTimeBand(half_width=-0.1, runs=4)
+
+
+def test_a_cpu_says_plainly_whether_it_was_calibrated(tmp_path):
+    """A CPU has no published rows: its interval is the stated default, and the basis says
+    that `exaplan calibrate` has not measured it yet, or measured kernels only."""
+    from machine_models.loader import detect_local_machine
+
+    path = _write(tmp_path, {"exaplan": {"rows": 14, "median": 0.03, "p80": 0.05, "max": 0.1}})
+    cpu = detect_local_machine(2)
+    fresh = uncertainty_of(cpu, path=path)
+    assert (fresh.step_time, fresh.fitted) == (UNFITTED_STEP_TIME, False)
+    assert "uncalibrated" in fresh.basis and "until `exaplan calibrate` measures this machine" in fresh.basis
+    measured = uncertainty_of(cpu.model_copy(update={"calibrated": True}), path=path)
+    assert "calibrated by microbenchmarks, no training runs measured" in measured.basis
+    assert "uncalibrated" not in measured.basis and measured.step_time == UNFITTED_STEP_TIME
