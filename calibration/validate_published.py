@@ -27,6 +27,7 @@ from planner.cost.step import evaluate
 from calibration.published import PROFILE_OF, PublishedRun, held_out_runs, published_runs
 from calibration.record_check import check_record
 from calibration.strata import strata_of
+from calibration.support_fit import fit_widening, run_point, supports_of, write_support
 from planner.cost.flops import total_params
 from calibration.validate_rows import (  # noqa: F401 - the rows' API, re-exported for cli/ and the tests
     LONG_SEQ, LOO_TARGETS, PINNED_SHIFT, PINNED_SHIFT_S, SUMMARISED_SECTIONS, ValidationRow, foundry_groups, groups,
@@ -63,7 +64,7 @@ def shipped_machine(run: PublishedRun, machine: MachineModel,
 
 def _row(run: PublishedRun, machine: MachineModel) -> ValidationRow:
     predicted, ev = predict(run, machine)
-    u = uncertainty_of(machine, run.job().framework)
+    u = uncertainty_of(machine, run.job().framework, point=run_point(run))
     lo, hi = u.time_interval(predicted) if run.kind == "iteration_time_s" else u.rate_interval(predicted)
     return ValidationRow(
         id=run.id, section=run.section, model=run.model.name, machine=run.machine, device=machine.device_name,
@@ -189,6 +190,8 @@ def refit_device_kinds(path: Path = DEVICE_KINDS_FILE, write: bool = True, leave
             held = {PROFILE_OF[fw]: [n for g, n in fit.held if g == fw] for fw, _ in fit.held}
             fit_files.write_uncertainty([(r.device, profile[r.id], r.loo_error) for r in rows], held=held,
                                         held_out=own_runtime_errors())
+            widen, _ = fit_widening(runs, machines, {r.id: r.loo_error for r in rows})
+            write_support(supports_of(runs, machines), widen)
     return fit, rows
 
 

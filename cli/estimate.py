@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.report import uncertainty_line
     from planner.cost.layout import framework_problems
     from planner.cost.step import evaluate
-    from planner.emit import build_plan
+    from planner.emit import build_plan, layout_point
     from planner.report import layout_label
     from planner.schema.plan import write_plan
     from planner.search.space import layout_problems
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         write_plan(build_plan(model, machine, job, args.nodes, lay, ev, 0, command=command_line(),
                               machine_file=machine_file_of(args)), args.output,
                    force=args.force)
-    u = uncertainty_of(machine, job.framework)
+    u = uncertainty_of(machine, job.framework, point=layout_point(model, job, lay, 0))
     if args.json:
         print_json(dict(layout=layout_label(lay, 0), **evaluation_json(ev, 0, u), flops_per_step=step_flops(model, job),
                         workload=job.workload.value))

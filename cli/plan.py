@@ -94,7 +94,7 @@ def pins_of(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from machine_models.uncertainty import uncertainty_of
-    from planner.emit import build_plan
+    from planner.emit import build_plan, layout_point
     from planner.report import layout_label, robustness_line, uncertainty_line, why_best
     from planner.schema.plan import write_plan
     from planner.search.search import search
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         from export import write_export
 
         write_export(exported, args.export, None if args.no_write else args.output, args.force)
-    u = uncertainty_of(machine, job.framework)
+    u = uncertainty_of(machine, job.framework, point=layout_point(model, job, lay, chosen))
     robust, robust_s = _robustness(model, machine, job, result, u, args.draws)
     stats = dict(legal_layouts=result.total_layouts, layouts_scored=result.layouts_scored, fitting=result.fitting,
                  search_seconds=round(result.seconds, 4), robustness_seconds=round(robust_s, 4),

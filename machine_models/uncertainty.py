@@ -27,11 +27,13 @@ bound of its leave-one-layout-out errors), which stands in for its device kind's
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import yaml
 
 from machine_models.loader import device_kind_status
+from machine_models.support import Point, point_distance
 from planner.schema.plan import PredictionUncertainty
 from planner.schema.specs import FrameworkProfile, MachineModel
 
@@ -61,6 +63,7 @@ def conformal_bound(abs_errors, quantile: float = QUANTILE) -> float:
 # Stated defaults: a device kind nothing was fitted to (first-guess efficiency figures), and
 # memory (no published peak-memory rows to take leave-one-out errors from).
 UNFITTED_STEP_TIME = 0.30
+MAX_WIDENED = 0.5  # widened by distance, a half-width stops here: a prediction off by half is no prediction
 CPU_DEVICE = "CPU rank"  # machine_models/loader.py detect_local_machine's device name starts so
 MEMORY = 0.15
 
@@ -72,8 +75,17 @@ Uncertainty = PredictionUncertainty
 
 
 def _read(path: Path) -> dict:
+    """uncertainty.yaml's contents ({} where it cannot be read), parsed once per version of it."""
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        return _parse(str(path), Path(path).stat().st_mtime_ns)
+    except OSError:
+        return {}
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(path: str, mtime_ns: int) -> dict:
+    try:
+        return yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError):
         return {}
 
@@ -85,10 +97,45 @@ def _rows(stats: dict) -> str:
 
 
 def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = None,
-                   path: Path = UNCERTAINTY_FILE) -> Uncertainty:
-    """The uncertainty of predictions for `machine` run with `framework` (default exaplan)."""
+                   path: Path = UNCERTAINTY_FILE, point: Point | None = None) -> Uncertainty:
+    """The uncertainty of predictions for `machine` run with `framework` (default exaplan); with
+    `point` (machine_models/support.py: the job's world, sequence, model size, sharding,
+    pipelining), widened by how far that lies from the fitted rows of the device kind and
+    framework (`widened`)."""
     framework = framework or FrameworkProfile()
     data = _read(path)
+    u = _base_uncertainty(machine, framework, data)
+    if point is None or not u.fitted or machine.step_time_band is not None:
+        return u  # a stated default is wide already; a machine's own band comes from its own runs
+    return widened(u, point, data, machine.device_name, framework.name)
+
+
+def at_point(u: Uncertainty, machine: MachineModel, framework: FrameworkProfile, point: Point,
+             path: Path = UNCERTAINTY_FILE) -> Uncertainty:
+    """`u` (uncertainty_of(machine, framework) without a point) at `point`: what
+    uncertainty_of(..., point=point) gives, without reading the file again."""
+    if not u.fitted or machine.step_time_band is not None:
+        return u
+    return widened(u, point, _read(path), machine.device_name, framework.name)
+
+
+def widened(u: Uncertainty, point: Point, data: dict, device: str, framework: str) -> Uncertainty:
+    """`u` widened to base x (1 + widen x d) at distance d from the fitted rows (support.py),
+    at most MAX_WIDENED; unchanged inside them or where uncertainty.yaml has no support."""
+    factor = (data.get("widen") or {}).get("factor")
+    found = point_distance(point, data.get("support") or {}, device, framework) if factor is not None else None
+    if not found or found[0] <= 0:
+        return u
+    d, outside = found
+    half = min(u.step_time * (1 + factor * d), MAX_WIDENED)
+    where = f"at distance {d:.2f} from the fitted rows ({'; '.join(outside)})"
+    if factor == 0:  # said, not widened: the fitted rows left out at a distance stayed inside their band
+        return u.model_copy(update={"basis": f"{u.basis}; {where}, not widened (fitted widening 0)"})
+    return u.model_copy(update={"step_time": round(half, 4), "basis": f"{u.basis}; widened x{half / u.step_time:.2f} {where}"})
+
+
+def _base_uncertainty(machine: MachineModel, framework: FrameworkProfile, data: dict) -> Uncertainty:
+    """The p80 of the device kind and of the framework (the larger), or a stated default."""
     fw = (data.get("frameworks") or {}).get(framework.name)
     band = machine.step_time_band
     if band is not None:  # the machine's own runs replace its device kind's rows

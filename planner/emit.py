@@ -217,8 +217,10 @@ def _dp_bytes(job: TrainingJob, one: Layouts, kind: Sharding, P: float, B: int, 
     return float(out)
 
 
-def _prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: Evaluation, i: int) -> Prediction:
-    """Row i of the evaluation as the plan's prediction (memory in GiB), with its uncertainty."""
+def _prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: Evaluation, i: int,
+                point=None) -> Prediction:
+    """Row i of the evaluation as the plan's prediction (memory in GiB), with its uncertainty
+    (widened by the distance of `point`, the layout's, from the fitted rows)."""
     from machine_models.uncertainty import uncertainty_of
 
     mem = ev.memory
@@ -243,18 +245,28 @@ def _prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: E
         mfu=float(ev.mfu[i]),
         time_to_train_days=float(ev.time_to_train_days[i]),
         model_flops_per_step=flops.step_flops(model, job)["executed"], six_n_flops_per_step=flops.step_flops(model, job)["six_n"],
-        uncertainty=uncertainty_of(machine, job.framework),
+        uncertainty=uncertainty_of(machine, job.framework, point=point),
     )
 
 
-def _finite_prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: Evaluation, i: int):
+def _finite_prediction(model: ModelSpec, machine: MachineModel, job: TrainingJob, ev: Evaluation, i: int, point=None):
     """The prediction of row i; PlanError (not a traceback) when a figure of the inputs, legal
     on its own, drives one of its figures to infinity or nan."""
     try:
-        return _prediction(model, machine, job, ev, i)
+        return _prediction(model, machine, job, ev, i, point)
     except ValidationError as e:
         raise PlanError("the cost model's prediction is not finite for these inputs (" + format_validation_error(
             e, prefix="prediction") + "); check the machine's and the model's figures") from None
+
+
+def layout_point(model: ModelSpec, job: TrainingJob, lay: Layouts, i: int):
+    """Where row i of `lay` lies for the intervals (machine_models/support.py Point)."""
+    from machine_models.support import Point
+
+    r = lay.row(i)
+    world = r["pp"] * r["dp_replicate"] * r["dp_shard"] * r["cp"] * r["tp"]
+    return Point(world=int(world), seq_len=job.seq_len, params=float(flops.total_params(model)),
+                 sharding=SHARDINGS[r["sharding"]].value, pipeline=r["pp"] > 1)
 
 
 def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes: int, lay: Layouts, ev: Evaluation, i: int,
@@ -280,7 +292,7 @@ def build_plan(model: ModelSpec, machine: MachineModel, job: TrainingJob, nodes:
         recompute=RECOMPUTES[row["recompute"]],
         compile=bool(getattr(job.framework, "compiled", False)),
         collectives=Collectives(library=machine.collective_library.value, communicators=comms, env=env),
-        prediction=_finite_prediction(model, machine, job, ev, i),
+        prediction=_finite_prediction(model, machine, job, ev, i, layout_point(model, job, one, 0)),
         provenance=Provenance(exaplan_version=__version__, cost_model_version=COST_MODEL_VERSION,
                               command=command or shlex.join(["exaplan", *sys.argv[1:]]), machine_file=machine_file),
     )

@@ -16,7 +16,8 @@ from typing import Callable
 
 from machine_models import list_machines, load_framework, load_machine
 from machine_models.loader import device_kind_status
-from machine_models.uncertainty import uncertainty_of
+from machine_models.uncertainty import at_point, uncertainty_of
+from planner.emit import layout_point
 from planner.inputs import apply_overrides, check_overrides, load_model, make_job, parse_override
 from planner.presets import MODEL_PRESETS
 from planner.report import layout_label
@@ -273,6 +274,8 @@ def evaluate_point(case: Case, job, nodes: int, u) -> WhatifPoint:
     except PlanError as e:
         return WhatifPoint(**base, fits=False, reason=_short(e, job), layout="")
     ev = r.evaluation
+    u = at_point(u, case.machine, job.framework, layout_point(case.model, job, r.layouts, 0))  # the best layout's interval
+    base.update(fitted=u.fitted, uncertainty_basis=u.basis)
     step, tps, days = float(ev.step_time_s[0]), float(ev.tokens_per_s[0]), float(ev.time_to_train_days[0])
     hours = days * 24.0 * nodes
     energy = {}
