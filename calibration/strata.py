@@ -16,7 +16,6 @@ import numpy as np
 STRATA = ("device", "framework", "sharding", "pipeline", "world", "seq_len", "model_size")
 MIN_STRATUM_ROWS = 10   # a stratum this large is held to MIN_COVERAGE
 MIN_COVERAGE = 0.70     # issue target: at least 70% inside in every stratum of >= 10 rows
-COVERAGE_BAND = (0.75, 0.90)  # overall coverage target of the 80% intervals
 
 _WORLD = ((1, "1"), (8, "2-8"), (64, "9-64"), (512, "65-512"), (4096, "513-4,096"))
 _SEQ = ((4095, "< 4k"), (8191, "4k-8k"))
@@ -57,5 +56,5 @@ def short_strata(coverage: dict[str, dict[str, dict]]) -> list[tuple[str, str, d
     return [(dim, name, s) for dim, part in coverage.items() for name, s in part.items() if not s["meets_target"]]
 
 
-__all__ = ["COVERAGE_BAND", "MIN_COVERAGE", "MIN_STRATUM_ROWS", "STRATA", "coverage_by_stratum", "short_strata",
+__all__ = ["MIN_COVERAGE", "MIN_STRATUM_ROWS", "STRATA", "coverage_by_stratum", "short_strata",
            "strata_of"]

@@ -103,11 +103,8 @@ def uncertainty_of(machine: MachineModel, framework: FrameworkProfile | None = N
     pipelining), widened by how far that lies from the fitted rows of the device kind and
     framework (`widened`)."""
     framework = framework or FrameworkProfile()
-    data = _read(path)
-    u = _base_uncertainty(machine, framework, data)
-    if point is None or not u.fitted or machine.step_time_band is not None:
-        return u  # a stated default is wide already; a machine's own band comes from its own runs
-    return widened(u, point, data, machine.device_name, framework.name)
+    u = _base_uncertainty(machine, framework, _read(path))
+    return u if point is None else at_point(u, machine, framework, point, path)
 
 
 def at_point(u: Uncertainty, machine: MachineModel, framework: FrameworkProfile, point: Point,
@@ -115,7 +112,7 @@ def at_point(u: Uncertainty, machine: MachineModel, framework: FrameworkProfile,
     """`u` (uncertainty_of(machine, framework) without a point) at `point`: what
     uncertainty_of(..., point=point) gives, without reading the file again."""
     if not u.fitted or machine.step_time_band is not None:
-        return u
+        return u  # a stated default is wide already; a machine's own band comes from its own runs
     return widened(u, point, _read(path), machine.device_name, framework.name)
 
 
